@@ -1,0 +1,90 @@
+"""The aiohttp application: routes, typed app state and the lifecycles of the client session and background tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+from aiohttp import web
+
+from gateway import __version__
+from gateway.backends import BackendRegistry
+from gateway.config import Settings
+from gateway.proxy import Proxy
+from gateway.routes import FALLBACK, ROUTES, Route
+
+SETTINGS = web.AppKey("settings", Settings)
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+REGISTRY = web.AppKey("registry", BackendRegistry)
+PROXY = web.AppKey("proxy", Proxy)
+
+SessionFactory = Callable[[], aiohttp.ClientSession]
+
+
+def default_session() -> aiohttp.ClientSession:
+    """One pooled session for all upstream traffic: bytes pass through undecoded, no cookies are kept."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trust_env=False,
+        timeout=aiohttp.ClientTimeout(total=None),
+    )
+
+
+def create_app(
+    settings: Settings,
+    *,
+    session_factory: SessionFactory = default_session,
+    clock: Callable[[], float] = time.monotonic,
+    refresh_models: bool = True,
+) -> web.Application:
+    """Build the gateway. Every seam a test needs is a parameter."""
+    app = web.Application(client_max_size=int(settings.server.max_body_bytes) + 1)
+    app[SETTINGS] = settings
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        session = session_factory()
+        registry = BackendRegistry(settings, session, clock=clock)
+        app[SESSION] = session
+        app[REGISTRY] = registry
+        app[PROXY] = Proxy(settings, registry, session)
+        refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
+        yield
+        if refresher is not None:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
+        await session.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get("/kvgate/health", _health, allow_head=True)
+    for route in ROUTES:
+        for method in route.methods:
+            app.router.add_route(method, route.path, functools.partial(_proxied, route=route))
+    app.router.add_route("*", FALLBACK.path, functools.partial(_proxied, route=FALLBACK))
+    return app
+
+
+async def _proxied(request: web.Request, *, route: Route) -> web.StreamResponse:
+    return await request.app[PROXY].handle(request, route)
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok", "version": __version__})
+
+
+async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve ``app``; a client that disconnects cancels its handler, which closes the upstream request."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    bound_port = int(sockets[0].getsockname()[1]) if sockets else port
+    return runner, bound_port

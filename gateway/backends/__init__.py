@@ -1,0 +1,5 @@
+"""The servers behind the gateway: which models each serves, and where a request goes."""
+
+from gateway.backends.registry import Backend, BackendRegistry
+
+__all__ = ["Backend", "BackendRegistry"]

@@ -1,0 +1,138 @@
+"""Backends at run time: their model lists, refreshed periodically and on a miss, and routing by model name."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from yarl import URL
+
+from gateway.backends import models
+from gateway.config import BackendSettings, Settings
+from gateway.domain import BackendKind
+
+log = logging.getLogger(__name__)
+
+MISS_REFRESH_MIN_INTERVAL_S = 2.0
+"""A burst of requests for an unknown model refreshes the lists at most this often."""
+
+
+@dataclass(eq=False)
+class Backend:
+    """One configured backend and what it was last seen serving."""
+
+    settings: BackendSettings
+    models: frozenset[str] = frozenset()
+    listed_at_s: float | None = None
+    last_error: str | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def kind(self) -> BackendKind:
+        return self.settings.kind
+
+    @property
+    def base_url(self) -> URL:
+        return URL(self.settings.url)
+
+    @property
+    def host_header(self) -> str:
+        url = self.base_url
+        return url.raw_host if url.is_default_port() else f"{url.raw_host}:{url.port}"  # type: ignore[return-value]
+
+    @property
+    def api_key(self) -> str | None:
+        return self.settings.api_key.get_secret_value() if self.settings.api_key else None
+
+    def url_for(self, path_qs: str) -> URL:
+        return URL(str(self.base_url).rstrip("/") + path_qs, encoded=True)
+
+    def serves(self, model: str) -> bool:
+        return any(name in self.models for name in models.name_candidates(model))
+
+    def describe(self) -> str:
+        return f"backend '{self.name}' at {self.settings.url}"
+
+
+class BackendRegistry:
+    """Knows every backend and which one serves a model; owns no session (it is injected)."""
+
+    def __init__(self, settings: Settings, session: aiohttp.ClientSession, clock: Callable[[], float] = time.monotonic):
+        self._settings = settings
+        self._session = session
+        self._clock = clock
+        self.backends = [Backend(config) for config in settings.backends]
+        self._last_miss_refresh_s = -float("inf")
+
+    @property
+    def default(self) -> Backend:
+        return self.by_name(self._settings.default.name)
+
+    def by_name(self, name: str) -> Backend:
+        return next(backend for backend in self.backends if backend.name == name)
+
+    def default_for(self, kind: BackendKind | None) -> Backend:
+        """The default backend, or the first of a kind when a route belongs to that kind of server."""
+        default = self.default
+        if kind is None or default.kind is kind:
+            return default
+        return next((backend for backend in self.backends if backend.kind is kind), default)
+
+    async def fetch_listing(self, backend: Backend) -> dict[str, Any]:
+        """GET the backend's model list; raises aiohttp/asyncio errors for the caller to translate."""
+        headers = {"Host": backend.host_header}
+        if backend.api_key:
+            headers["Authorization"] = f"Bearer {backend.api_key}"
+        timeout = aiohttp.ClientTimeout(total=backend.settings.timeouts.connect_s + 10.0)
+        url = backend.url_for(models.list_path(backend.kind))
+        async with self._session.get(url, headers=headers, timeout=timeout) as response:
+            response.raise_for_status()
+            listing = orjson.loads(await response.read())
+        if not isinstance(listing, dict):
+            raise ValueError("model list is not a JSON object")
+        backend.models = models.model_names(backend.kind, listing)
+        backend.listed_at_s = self._clock()
+        backend.last_error = None
+        return listing
+
+    async def refresh(self, backend: Backend) -> None:
+        """Refresh one backend's model list, keeping the old one if the backend can't be reached."""
+        async with backend._lock:
+            try:
+                await self.fetch_listing(backend)
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                backend.last_error = str(exc) or type(exc).__name__
+                log.warning("could not list models of %s: %s", backend.describe(), backend.last_error)
+
+    async def refresh_all(self, backends: Iterable[Backend] | None = None) -> None:
+        await asyncio.gather(*(self.refresh(backend) for backend in backends or self.backends))
+
+    async def resolve(self, model: str | None, kind: BackendKind | None = None) -> Backend:
+        """The backend serving ``model``; on a miss, refresh the lists once, then fall back to the default."""
+        if model is None:
+            return self.default_for(kind)
+        found = self._find(model)
+        if found is None and self._clock() - self._last_miss_refresh_s >= MISS_REFRESH_MIN_INTERVAL_S:
+            self._last_miss_refresh_s = self._clock()
+            await self.refresh_all()
+            found = self._find(model)
+        return found or self.default_for(kind)
+
+    def _find(self, model: str) -> Backend | None:
+        return next((backend for backend in self.backends if backend.serves(model)), None)
+
+    async def run_refresh_loop(self) -> None:
+        """Refresh every backend's model list every ``models_refresh_s`` until cancelled."""
+        while True:
+            await self.refresh_all()
+            await asyncio.sleep(self._settings.models_refresh_s)

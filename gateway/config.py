@@ -1,0 +1,156 @@
+"""Settings: built once at start-up from a TOML file, then ``KVGATE_*`` environment variables, then CLI flags.
+
+Later sources win. Nested settings use ``__`` in environment variables (``KVGATE_SERVER__PORT=8080``); lists are
+JSON (``KVGATE_BACKENDS='[{"name": "gpu0", "kind": "ollama", "url": "http://127.0.0.1:11434"}]'``). Nothing reads
+the environment after start-up. An invalid setting raises :class:`ConfigError` naming the setting, the value and what
+is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from yarl import URL
+
+from gateway.domain import BackendKind
+
+DEFAULT_PORT = 11435
+"""kvgate listens next to Ollama's 11434 by default, so clients change one digit."""
+
+DEFAULT_BACKEND_URL = "http://127.0.0.1:11434"
+
+
+class ConfigError(Exception):
+    """Raised when a setting is invalid; the message names the setting, the value and what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Timeouts(_Strict):
+    """How long to wait for a backend, in seconds."""
+
+    connect_s: float = Field(default=5.0, gt=0)
+    first_byte_s: float = Field(
+        default=600.0, gt=0, description="until response headers; covers model loads and queues"
+    )
+    idle_s: float = Field(default=300.0, gt=0, description="between two chunks of a response")
+
+
+class BackendSettings(_Strict):
+    """One LLM server behind the gateway."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    kind: BackendKind = BackendKind.OLLAMA
+    url: str = DEFAULT_BACKEND_URL
+    api_key: SecretStr | None = None
+    timeouts: Timeouts = Timeouts()
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        url = URL(value)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("must be an http:// or https:// URL with a host, like http://127.0.0.1:11434")
+        return str(url).rstrip("/")
+
+
+class ServerSettings(_Strict):
+    """Where kvgate listens and what it accepts."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
+    max_body_bytes: ByteSize = Field(default=ByteSize(32 * 1024 * 1024), gt=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = "text"
+
+
+class Settings(BaseSettings):
+    """All of kvgate's configuration."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="KVGATE_", env_nested_delimiter="__", extra="forbid", frozen=True, toml_file=None
+    )
+
+    server: ServerSettings = ServerSettings()
+    backends: tuple[BackendSettings, ...] = (BackendSettings(name="ollama"),)
+    default_backend: str | None = Field(default=None, description="name of the backend for unrouted paths")
+    models_refresh_s: float = Field(default=30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if not self.backends:
+            raise ValueError("at least one backend is required")
+        names = [backend.name for backend in self.backends]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"backend names must be unique; repeated: {', '.join(duplicates)}")
+        if self.default_backend is not None and self.default_backend not in names:
+            raise ValueError(f"default_backend '{self.default_backend}' is not a backend; known: {', '.join(names)}")
+        return self
+
+    @property
+    def default(self) -> BackendSettings:
+        for backend in self.backends:
+            if backend.name == self.default_backend:
+                return backend
+        return self.backends[0]
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+def parse_backend_flag(value: str, index: int) -> dict[str, Any]:
+    """``--backend URL`` or ``--backend kind=URL`` or ``--backend name:kind=URL``."""
+    spec, sep, url = value.partition("=")
+    if not sep:
+        return {"name": f"backend{index}" if index else "default", "url": value}
+    name, _, kind = spec.rpartition(":")
+    return {"name": name or (kind if index == 0 else f"{kind}{index}"), "kind": kind, "url": url}
+
+
+def _describe(error: ErrorDetails) -> str:
+    location = ".".join(str(part) for part in error["loc"]) or "settings"
+    value = error.get("input")
+    shown = "" if isinstance(value, dict) else f" = {value!r}"
+    if "api_key" in location:
+        shown = " = '**********'"
+    return f"setting '{location}'{shown} is invalid: {error['msg']}"
+
+
+def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings from a TOML file, the environment and explicit overrides (highest priority)."""
+    if config_path is not None and not config_path.is_file():
+        raise ConfigError(f"setting '--config' = '{config_path}' is invalid: no such file")
+
+    class _FromFile(Settings):
+        model_config = SettingsConfigDict(toml_file=config_path)
+
+    try:
+        return Settings.model_validate(_FromFile(**overrides).model_dump())
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_describe(error) for error in exc.errors())) from None
+    except ValueError as exc:  # TOML syntax errors and the like
+        raise ConfigError(f"setting '--config' = '{config_path}' is invalid: {exc}") from None

@@ -1,0 +1,58 @@
+"""Client dialects: parse a body once at the edge, render gateway errors the way each client expects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.dialects import anthropic, llamacpp, ollama, openai
+from gateway.domain import Dialect, Operation, ParsedRequest
+from gateway.errors import BadRequest, GatewayError
+
+__all__ = ["decode_body", "error_body", "parse", "stream_error_event"]
+
+
+def decode_body(raw: bytes) -> dict[str, Any]:
+    """Decode a JSON object body; anything else is a 400 that says what was wrong."""
+    if not raw.strip():
+        raise BadRequest("missing request body: send a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def parse(dialect: Dialect, operation: Operation, body: dict[str, Any], path: str) -> ParsedRequest:
+    if dialect is Dialect.OLLAMA:
+        return ollama.parse(operation, body)
+    if dialect is Dialect.OPENAI:
+        return openai.parse(operation, body, path=path)
+    if dialect is Dialect.ANTHROPIC:
+        return anthropic.parse(operation, body)
+    return llamacpp.parse(operation, body)
+
+
+def error_body(dialect: Dialect, error: GatewayError) -> bytes:
+    """The JSON body of an error response in the client's dialect."""
+    if dialect is Dialect.OLLAMA:
+        return ollama.error_body(error)
+    if dialect is Dialect.OPENAI:
+        return openai.error_body(error)
+    if dialect is Dialect.ANTHROPIC:
+        return anthropic.error_body(error)
+    return llamacpp.error_body(error)
+
+
+def stream_error_event(dialect: Dialect, error: GatewayError) -> bytes:
+    """A final stream event carrying an error, for errors after the response headers were sent."""
+    if dialect is Dialect.OLLAMA:
+        return ollama.stream_error_event(error)
+    if dialect is Dialect.OPENAI:
+        return openai.stream_error_event(error)
+    if dialect is Dialect.ANTHROPIC:
+        return anthropic.stream_error_event(error)
+    return llamacpp.stream_error_event(error)

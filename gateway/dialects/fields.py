@@ -1,0 +1,118 @@
+"""Typed accessors for JSON request fields; each error names the field, what was expected and what came.
+
+JSON types are named as a client would write them (string, integer, object, ...), not as Python types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.errors import InvalidField
+
+_JSON_TYPE_NAMES: dict[type, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+    type(None): "null",
+}
+
+
+def json_type_name(value: object) -> str:
+    """The JSON name of a decoded value's type."""
+    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def _wrong_type(path: str, expected: str, value: object) -> InvalidField:
+    return InvalidField(path, f"field '{path}' must be {expected}, got {json_type_name(value)}")
+
+
+def required_model(body: dict[str, Any], *, alias: str | None = None) -> str:
+    """The ``model`` field: a non-empty string (``alias`` is a deprecated name for it, e.g. Ollama's ``name``)."""
+    value = body.get("model")
+    if value is None and alias is not None:
+        value = body.get(alias)
+    if value is None or value == "":
+        raise InvalidField("model", "field 'model' is required: name the model to use")
+    if not isinstance(value, str):
+        raise _wrong_type("model", "a string", value)
+    return value
+
+
+def optional_str(body: dict[str, Any], key: str, path: str | None = None) -> str | None:
+    value = body.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise _wrong_type(path or key, "a string", value)
+
+
+def optional_bool(body: dict[str, Any], key: str, path: str | None = None) -> bool | None:
+    value = body.get(key)
+    if value is None or isinstance(value, bool):
+        return value
+    raise _wrong_type(path or key, "a boolean (true or false)", value)
+
+
+def optional_int(body: dict[str, Any], key: str, path: str | None = None) -> int | None:
+    """An integer; a float with no fractional part (``4096.0``) is accepted, as Go and C++ servers accept it."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise _wrong_type(path or key, "an integer", value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    raise _wrong_type(path or key, "an integer", value)
+
+
+def optional_object(body: dict[str, Any], key: str, path: str | None = None) -> dict[str, Any] | None:
+    value = body.get(key)
+    if value is None or isinstance(value, dict):
+        return value
+    raise _wrong_type(path or key, "an object", value)
+
+
+def optional_list(body: dict[str, Any], key: str, path: str | None = None) -> list[Any] | None:
+    value = body.get(key)
+    if value is None or isinstance(value, list):
+        return value
+    raise _wrong_type(path or key, "an array", value)
+
+
+def string_or_list(body: dict[str, Any], key: str) -> str | list[Any] | None:
+    value = body.get(key)
+    if value is None or isinstance(value, str | list):
+        return value
+    raise _wrong_type(key, "a string or an array", value)
+
+
+def objects(items: list[Any], path: str) -> tuple[dict[str, Any], ...]:
+    """Every element of an array must be an object (messages, tools)."""
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise _wrong_type(f"{path}[{index}]", "an object", item)
+    return tuple(items)
+
+
+def messages(body: dict[str, Any], *, required: bool, content_may_be_list: bool) -> tuple[dict[str, Any], ...]:
+    """A chat ``messages`` array: objects with a string ``role`` and a string (or part list) ``content``."""
+    items = optional_list(body, "messages")
+    if items is None:
+        if required:
+            raise InvalidField("messages", "field 'messages' is required: send the conversation as an array")
+        return ()
+    checked = objects(items, "messages")
+    for index, message in enumerate(checked):
+        optional_str(message, "role", f"messages[{index}].role")
+        content = message.get("content")
+        if content is None or isinstance(content, str):
+            continue
+        if content_may_be_list and isinstance(content, list):
+            continue
+        expected = "a string or an array of content parts" if content_may_be_list else "a string"
+        raise _wrong_type(f"messages[{index}].content", expected, content)
+    return checked

@@ -1,0 +1,71 @@
+"""The gateway's own errors: one tree, stable codes, one HTTP status each.
+
+    GatewayError                 base; never raised itself
+    ├── BadRequest               400  the client sent something the gateway can't accept
+    │   └── InvalidField         400  a JSON field is missing or has the wrong type
+    ├── PayloadTooLarge          413  the body is over ``server.max_body_bytes``
+    ├── BackendUnavailable       502  the backend refused the connection or broke it before answering
+    ├── BackendTimeout           504  the backend did not answer (or stalled) within a configured timeout
+    └── InternalError            500  a bug in kvgate; logged with a traceback, rendered without one
+
+Third-party exceptions (aiohttp, orjson, asyncio) are translated into this tree at one place, the proxy,
+and rendered in the dialect of the request by ``gateway.dialects``.
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """Base class: carries an HTTP status, a stable code and a message a user can act on."""
+
+    status: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(GatewayError):
+    """Raised when the request body or query can't be accepted as it is."""
+
+    status = 400
+    code = "invalid_request"
+
+
+class InvalidField(BadRequest):
+    """Raised when a JSON field is missing or has the wrong type; names the field."""
+
+    code = "invalid_field"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class PayloadTooLarge(GatewayError):
+    """Raised when a body is larger than the configured limit."""
+
+    status = 413
+    code = "payload_too_large"
+
+
+class BackendUnavailable(GatewayError):
+    """Raised when a backend can't be reached or drops the connection before responding."""
+
+    status = 502
+    code = "backend_unavailable"
+
+
+class BackendTimeout(GatewayError):
+    """Raised when a backend does not connect, answer or continue a stream within its timeout."""
+
+    status = 504
+    code = "backend_timeout"
+
+
+class InternalError(GatewayError):
+    """Raised for unexpected failures inside kvgate; the client sees a message, never a traceback."""
+
+    status = 500
+    code = "internal_error"

@@ -1,0 +1,45 @@
+"""Which headers cross the proxy (RFC 9110 section 7.6.1: hop-by-hop headers stop at each hop)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+HOP_BY_HOP = frozenset(
+    name.lower()
+    for name in (
+        "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
+        "TE", "Trailer", "Transfer-Encoding", "Upgrade",
+    )
+)
+REQUEST_ID = "X-Request-ID"
+
+
+def _connection_listed(headers: Mapping[str, str]) -> frozenset[str]:
+    listed = headers.get("Connection", "")
+    return frozenset(token.strip().lower() for token in listed.split(",") if token.strip())
+
+
+def upstream_request_headers(
+    incoming: CIMultiDictProxy[str], *, host: str, request_id: str, api_key: str | None, client_ip: str | None
+) -> CIMultiDict[str]:
+    """End-to-end headers of the client's request, with Host set to the upstream (Ollama checks it)."""
+    drop = HOP_BY_HOP | _connection_listed(incoming) | {"host", "content-length", REQUEST_ID.lower()}
+    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in incoming.items() if k.lower() not in drop)
+    out["Host"] = host
+    out[REQUEST_ID] = request_id
+    if api_key is not None:
+        out["Authorization"] = f"Bearer {api_key}"
+    if client_ip:
+        prior = incoming.get("X-Forwarded-For")
+        out["X-Forwarded-For"] = f"{prior}, {client_ip}" if prior else client_ip
+    return out
+
+
+def downstream_response_headers(upstream: CIMultiDictProxy[str], *, request_id: str) -> CIMultiDict[str]:
+    """End-to-end headers of the backend's response, plus the request id."""
+    drop = HOP_BY_HOP | _connection_listed(upstream) | {REQUEST_ID.lower()}
+    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in drop)
+    out[REQUEST_ID] = request_id
+    return out

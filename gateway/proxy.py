@@ -1,0 +1,224 @@
+"""The one orchestrator of the request path (design.md section 3).
+
+    client -> parse (dialect) -> route (backend by model) -> forward -> stream back
+
+Later stages (count, plan, transform, reserve) plug in between route and forward. Errors are translated into
+``gateway.errors`` here and rendered once, in the dialect of the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from gateway import dialects
+from gateway.backends import Backend, BackendRegistry, models
+from gateway.config import Settings
+from gateway.domain import Dialect
+from gateway.errors import BackendTimeout, BackendUnavailable, GatewayError, InternalError, PayloadTooLarge
+from gateway.headers import REQUEST_ID, upstream_request_headers
+from gateway.observability.logs import request_id_var
+from gateway.routes import FALLBACK, Handling, Route, fallback_dialect
+from gateway.streaming import relay
+
+log = logging.getLogger("gateway.proxy")
+
+MAX_REQUEST_ID_CHARS = 128
+
+
+def request_id_for(request: web.Request) -> str:
+    """The client's X-Request-ID when it is sane, otherwise a new one."""
+    given = request.headers.get(REQUEST_ID, "")
+    if 0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isprintable() and given.isascii():
+        return given
+    return uuid.uuid4().hex
+
+
+class Proxy:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: BackendRegistry,
+        session: aiohttp.ClientSession,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._settings = settings
+        self._registry = registry
+        self._session = session
+        self._clock = clock
+
+    async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
+        request_id = request_id_for(request)
+        token = request_id_var.set(request_id)
+        dialect = fallback_dialect(request.path) if route is FALLBACK else route.dialect
+        started_s = self._clock()
+        status = 0
+        try:
+            response = await self._dispatch(request, route, dialect, request_id)
+            status = response.status
+            return response
+        except GatewayError as exc:
+            status = exc.status
+            return self._error_response(dialect, exc, request_id)
+        except asyncio.CancelledError:
+            status = 499
+            log.info("client disconnected; upstream request closed")
+            raise
+        except Exception:
+            status = 500
+            log.exception("internal error")
+            return self._error_response(dialect, InternalError(f"internal error in kvgate (request {request_id})"),
+                                        request_id)
+        finally:
+            log.info(
+                "%s %s %d", request.method, request.path, status,
+                extra={"duration_ms": round((self._clock() - started_s) * 1000, 2)},
+            )
+            request_id_var.reset(token)
+
+    def _error_response(self, dialect: Dialect, error: GatewayError, request_id: str) -> web.Response:
+        if error.status >= 500:
+            log.warning("%s", error.message)
+        return web.Response(
+            status=error.status,
+            body=dialects.error_body(dialect, error),
+            content_type="application/json",
+            headers={REQUEST_ID: request_id},
+        )
+
+    async def _dispatch(
+        self, request: web.Request, route: Route, dialect: Dialect, request_id: str
+    ) -> web.StreamResponse:
+        if route.handling is Handling.LISTING:
+            return await self._listing(request, route, request_id)
+        body: bytes | AsyncIterator[bytes] | None
+        if route.handling is Handling.PARSED:
+            raw = await self._read_body(request)
+            parsed = dialects.parse(dialect, route.operation, dialects.decode_body(raw), request.path)
+            backend = await self._registry.resolve(parsed.model, route.kind)
+            body = raw
+        else:
+            model = request.match_info.get("model")
+            backend = await self._registry.resolve(model, route.kind)
+            body = request.content.iter_any() if request.body_exists else None
+        return await self._forward(request, backend, body, dialect, request_id)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = int(self._settings.server.max_body_bytes)
+        declared = request.content_length
+        if declared is not None and declared > limit:
+            raise PayloadTooLarge(f"request body is {declared:,} bytes; the limit (server.max_body_bytes) is {limit:,}")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(
+                    f"request body is over {limit:,} bytes, the limit (server.max_body_bytes); send less"
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _forward(
+        self,
+        request: web.Request,
+        backend: Backend,
+        body: bytes | AsyncIterator[bytes] | None,
+        dialect: Dialect,
+        request_id: str,
+    ) -> web.StreamResponse:
+        timeouts = backend.settings.timeouts
+        headers = upstream_request_headers(
+            request.headers, host=backend.host_header, request_id=request_id, api_key=backend.api_key,
+            client_ip=request.remote,
+        )
+        upstream = await self._open(request.method, backend, request.raw_path, headers, body)
+        try:
+            return await relay(
+                request, upstream, dialect=dialect, idle_s=timeouts.idle_s, request_id=request_id,
+                backend_label=backend.describe(), extra_headers={"X-Kvgate-Backend": backend.name},
+            )
+        finally:
+            upstream.close()
+
+    async def _open(
+        self, method: str, backend: Backend, path_qs: str, headers: Any, body: bytes | AsyncIterator[bytes] | None
+    ) -> aiohttp.ClientResponse:
+        timeouts = backend.settings.timeouts
+        client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s)
+        label = backend.describe()
+        try:
+            async with asyncio.timeout(timeouts.first_byte_s):
+                return await self._session.request(
+                    method, backend.url_for(path_qs), headers=headers, data=body, timeout=client_timeout,
+                    allow_redirects=False, skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
+                )
+        except TimeoutError:
+            raise BackendTimeout(
+                f"{label} sent no response within {timeouts.first_byte_s:g} s (timeouts.first_byte_s)"
+            ) from None
+        except aiohttp.ConnectionTimeoutError:
+            raise BackendTimeout(f"{label} did not accept a connection within {timeouts.connect_s:g} s") from None
+        except aiohttp.ClientConnectorError as exc:
+            raise BackendUnavailable(f"{label} is unreachable: {exc.strerror or exc}") from None
+        except aiohttp.ClientError as exc:
+            raise BackendUnavailable(f"{label} failed before answering: {exc or type(exc).__name__}") from None
+
+    async def _get_json(self, backend: Backend, path: str) -> dict[str, Any]:
+        if path == models.list_path(backend.kind):
+            return await self._registry.fetch_listing(backend)
+        headers = {"Host": backend.host_header}
+        if backend.api_key:
+            headers["Authorization"] = f"Bearer {backend.api_key}"
+        timeouts = backend.settings.timeouts
+        timeout = aiohttp.ClientTimeout(total=timeouts.first_byte_s, sock_connect=timeouts.connect_s)
+        async with self._session.get(backend.url_for(path), headers=headers, timeout=timeout) as response:
+            response.raise_for_status()
+            data = orjson.loads(await response.read())
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        return data
+
+    async def _listing(self, request: web.Request, route: Route, request_id: str) -> web.Response:
+        """``/api/tags``, ``/api/ps`` and ``/v1/models``: the lists of all backends, merged."""
+        path = request.path
+        backends = self._registry.backends
+        if route.kind is not None:
+            backends = [backend for backend in backends if backend.kind is route.kind] or [self._registry.default]
+        fetch_path = path if path != "/api/tags" else None
+        results = await asyncio.gather(
+            *(self._get_json(b, fetch_path or models.list_path(b.kind)) for b in backends), return_exceptions=True
+        )
+        groups: list[list[dict[str, Any]]] = []
+        unreachable: list[str] = []
+        for backend, result in zip(backends, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, aiohttp.ClientError | TimeoutError | ValueError | orjson.JSONDecodeError):
+                    raise result
+                unreachable.append(backend.name)
+                log.warning("could not list %s on %s: %s", path, backend.describe(), result or type(result).__name__)
+                continue
+            if path == "/v1/models":
+                groups.append(models.as_openai_models(result))
+            elif path == "/api/tags":
+                groups.append(models.as_ollama_tags(backend.kind, result))
+            else:
+                groups.append([entry for entry in result.get("models") or [] if isinstance(entry, dict)])
+        if not groups:
+            raise BackendUnavailable(f"no backend answered {path}; unreachable: {', '.join(unreachable)}")
+        if path == "/v1/models":
+            payload: dict[str, Any] = {"object": "list", "data": models.merge_unique(groups, "id")}
+        else:
+            payload = {"models": models.merge_unique(groups, "name")}
+        headers = {REQUEST_ID: request_id}
+        if unreachable:
+            headers["X-Kvgate-Unreachable"] = ",".join(unreachable)
+        return web.Response(body=orjson.dumps(payload), content_type="application/json", headers=headers)

@@ -1,0 +1,99 @@
+"""Relay a backend's response to the client chunk by chunk, never buffering a stream whole.
+
+Status, content type and end-to-end headers pass through. An error after the headers were sent (the backend stalls
+or breaks the stream) becomes a final event in the client's dialect when the body is NDJSON or SSE; any other body
+is cut off by closing the connection, so the client can't mistake a partial body for a whole one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+from aiohttp import web
+
+from gateway import dialects
+from gateway.domain import Dialect
+from gateway.errors import BackendTimeout, BackendUnavailable, GatewayError
+from gateway.framing import stream_kind
+from gateway.headers import downstream_response_headers
+
+log = logging.getLogger(__name__)
+
+SMALL_BODY_BYTES = 256 * 1024
+"""Bodies of known length up to this size that are not streams are read whole and sent in one write."""
+
+
+class ClientGone(Exception):
+    """Raised when the client disconnected while the response was being written."""
+
+
+async def relay(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    *,
+    dialect: Dialect,
+    idle_s: float,
+    request_id: str,
+    backend_label: str,
+    extra_headers: dict[str, str],
+) -> web.StreamResponse:
+    headers = downstream_response_headers(upstream.headers, request_id=request_id)
+    headers.update(extra_headers)
+    kind = stream_kind(upstream.headers.get("Content-Type", ""))
+    length = upstream.content_length
+    if kind is None and length is not None and length <= SMALL_BODY_BYTES:
+        try:
+            async with asyncio.timeout(idle_s):
+                body = await upstream.read()
+        except TimeoutError:
+            raise BackendTimeout(f"{backend_label} stalled: no data for {idle_s:g} s (timeouts.idle_s)") from None
+        except aiohttp.ClientError as exc:
+            raise BackendUnavailable(f"{backend_label} broke off its response: {exc or type(exc).__name__}") from None
+        return web.Response(status=upstream.status, reason=upstream.reason, headers=headers, body=body)
+
+    response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+    await response.prepare(request)
+    try:
+        error = await _pump(upstream, response, idle_s=idle_s, backend_label=backend_label)
+    except ClientGone:
+        log.info("client disconnected mid-stream; upstream request closed")
+        return response
+    if error is None:
+        await response.write_eof()
+        return response
+    log.warning("stream from backend ended early: %s", error.message)
+    if kind is not None:
+        try:
+            await response.write(dialects.stream_error_event(dialect, error))
+            await response.write_eof()
+        except ConnectionError:
+            log.info("client disconnected before the error event could be sent")
+    elif request.transport is not None:
+        request.transport.close()
+    return response
+
+
+async def _pump(
+    upstream: aiohttp.ClientResponse, response: web.StreamResponse, *, idle_s: float, backend_label: str
+) -> GatewayError | None:
+    """Copy chunks until the backend's body ends; returns the backend's failure, if any."""
+    loop = asyncio.get_running_loop()
+    content = upstream.content
+    try:
+        async with asyncio.timeout(idle_s) as deadline:
+            while True:
+                try:
+                    chunk = await content.readany()
+                except aiohttp.ClientError as exc:
+                    return BackendUnavailable(f"{backend_label} broke off the stream: {exc or type(exc).__name__}")
+                if not chunk:
+                    return None
+                try:
+                    await response.write(chunk)
+                except ConnectionError:
+                    raise ClientGone from None
+                deadline.reschedule(loop.time() + idle_s)
+    except TimeoutError:
+        return BackendTimeout(f"{backend_label} stalled: no data for {idle_s:g} s (timeouts.idle_s)")
