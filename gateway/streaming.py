@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -75,25 +76,55 @@ async def relay(
     return response
 
 
+class _IdleWatchdog:
+    """Fires ``on_idle`` once nothing was fed for ``idle_s``; feeding costs one float store, not a timer."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, idle_s: float, on_idle: Callable[[], object]) -> None:
+        self._loop = loop
+        self._idle_s = idle_s
+        self._on_idle = on_idle
+        self.last_s = loop.time()
+        self.fired = False
+        self._handle = loop.call_at(self.last_s + idle_s, self._check)
+
+    def _check(self) -> None:
+        due = self.last_s + self._idle_s
+        if self._loop.time() >= due:
+            self.fired = True
+            self._on_idle()
+        else:
+            self._handle = self._loop.call_at(due, self._check)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
 async def _pump(
     upstream: aiohttp.ClientResponse, response: web.StreamResponse, *, idle_s: float, backend_label: str
 ) -> GatewayError | None:
     """Copy chunks until the backend's body ends; returns the backend's failure, if any."""
     loop = asyncio.get_running_loop()
     content = upstream.content
+    task = asyncio.current_task()
+    assert task is not None
+    watchdog = _IdleWatchdog(loop, idle_s, task.cancel)
     try:
-        async with asyncio.timeout(idle_s) as deadline:
-            while True:
-                try:
-                    chunk = await content.readany()
-                except aiohttp.ClientError as exc:
-                    return BackendUnavailable(f"{backend_label} broke off the stream: {exc or type(exc).__name__}")
-                if not chunk:
-                    return None
-                try:
-                    await response.write(chunk)
-                except ConnectionError:
-                    raise ClientGone from None
-                deadline.reschedule(loop.time() + idle_s)
-    except TimeoutError:
+        while True:
+            try:
+                chunk = await content.readany()
+            except aiohttp.ClientError as exc:
+                return BackendUnavailable(f"{backend_label} broke off the stream: {exc or type(exc).__name__}")
+            if not chunk:
+                return None
+            try:
+                await response.write(chunk)
+            except ConnectionError:
+                raise ClientGone from None
+            watchdog.last_s = loop.time()
+    except asyncio.CancelledError:
+        if not watchdog.fired:
+            raise
+        task.uncancel()
         return BackendTimeout(f"{backend_label} stalled: no data for {idle_s:g} s (timeouts.idle_s)")
+    finally:
+        watchdog.cancel()

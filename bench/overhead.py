@@ -1,0 +1,195 @@
+"""What kvgate adds: latency and throughput direct vs through the gateway, side by side in one run.
+
+    python -m bench.overhead [--quick]
+
+Starts a fast fake Ollama and ``kvgate serve`` in front of it, each in its own process, then measures from this
+process, alternating direct and gateway rounds so machine noise hits both alike:
+- a small non-streaming chat: median and p99 latency, requests per second, at concurrency 1 and 64;
+- a 500-chunk NDJSON stream: median and p99 time per stream, chunks per second, at concurrency 1 and 64.
+Targets: added median latency at concurrency 1 <= 1 ms; stream chunk throughput through kvgate >= 80% of direct.
+All traffic stays on 127.0.0.1; every loop is bounded in count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+STREAM_CHUNKS = 500
+ROUNDS = 5
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _wait_ready(url: str, deadline_s: float = 20.0) -> None:
+    async with aiohttp.ClientSession() as http:
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            try:
+                async with http.get(url) as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+@dataclass
+class Result:
+    latencies_s: list[float]
+    wall_s: float
+    units: int
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.latencies_s) * 1000
+
+    @property
+    def p99_ms(self) -> float:
+        ordered = sorted(self.latencies_s)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
+
+    @property
+    def rate(self) -> float:
+        return self.units / self.wall_s
+
+
+async def _run(concurrency: int, per_worker: int, one: Callable[[], Awaitable[int]]) -> Result:
+    latencies: list[float] = []
+    units = 0
+
+    async def worker() -> None:
+        nonlocal units
+        for _ in range(per_worker):
+            start = time.perf_counter()
+            done = await one()
+            latencies.append(time.perf_counter() - start)
+            units += done
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return Result(latencies, time.perf_counter() - start, units)
+
+
+def _small(http: aiohttp.ClientSession, base: str) -> Callable[[], Awaitable[int]]:
+    body = orjson.dumps({"model": "bench", "stream": False, "messages": [{"role": "user", "content": "hi"}]})
+
+    async def one() -> int:
+        async with http.post(f"{base}/api/chat", data=body, headers={"Content-Type": "application/json"}) as r:
+            await r.read()
+            assert r.status == 200
+        return 1
+
+    return one
+
+
+def _stream(http: aiohttp.ClientSession, base: str) -> Callable[[], Awaitable[int]]:
+    body = orjson.dumps({"model": "bench", "messages": [{"role": "user", "content": "hi"}],
+                         "options": {"num_predict": STREAM_CHUNKS}})
+
+    async def one() -> int:
+        lines = 0
+        async with http.post(f"{base}/api/chat", data=body, headers={"Content-Type": "application/json"}) as r:
+            async for chunk in r.content.iter_any():  # count lines without splitting: a light client
+                lines += chunk.count(b"\n")
+        assert lines == STREAM_CHUNKS + 1, lines
+        return STREAM_CHUNKS
+
+    return one
+
+
+async def measure(direct: str, gateway: str, quick: bool) -> list[tuple[str, Result, Result]]:
+    scale = 0.25 if quick else 1.0
+    plans = [
+        ("small chat, c=1", 1, int(400 * scale), _small),
+        ("small chat, c=64", 64, int(12 * scale) or 1, _small),
+        ("500-chunk stream, c=1", 1, int(24 * scale) or 2, _stream),
+        ("500-chunk stream, c=64", 64, 1, _stream),
+    ]
+    rows = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        for name, concurrency, per_worker, make in plans:
+            await _run(concurrency, max(1, per_worker // 10), make(http, direct))  # warm both paths
+            await _run(concurrency, max(1, per_worker // 10), make(http, gateway))
+            direct_runs, gateway_runs = [], []
+            for _ in range(ROUNDS):  # alternate so drift hits both
+                direct_runs.append(await _run(concurrency, per_worker, make(http, direct)))
+                gateway_runs.append(await _run(concurrency, per_worker, make(http, gateway)))
+            rows.append((name, _merge(direct_runs), _merge(gateway_runs)))
+    return rows
+
+
+def _merge(results: list[Result]) -> Result:
+    """All latencies together; the rate of the median round (robust to a noisy neighbour in one round)."""
+    median_round = sorted(results, key=lambda r: r.rate)[len(results) // 2]
+    return Result([lat for r in results for lat in r.latencies_s], median_round.wall_s, median_round.units)
+
+
+def render(rows: list[tuple[str, Result, Result]]) -> str:
+    head = (f"{'case':<24} {'direct med ms':>13} {'kvgate med ms':>13} {'added ms':>9} {'direct p99':>10} "
+            f"{'kvgate p99':>10} {'direct /s':>10} {'kvgate /s':>10} {'ratio':>6}")
+    lines = [head, "-" * len(head)]
+    for name, d, g in rows:
+        unit = "chunks" if "stream" in name else "req"
+        lines.append(
+            f"{name:<24} {d.median_ms:>13.3f} {g.median_ms:>13.3f} {g.median_ms - d.median_ms:>9.3f} "
+            f"{d.p99_ms:>10.3f} {g.p99_ms:>10.3f} {d.rate:>10.0f} {g.rate:>10.0f} {g.rate / d.rate:>6.2f}"
+            f"  ({unit}/s)"
+        )
+    small1 = rows[0]
+    stream_rows = [row for row in rows if "stream" in row[0]]
+    added = small1[2].median_ms - small1[1].median_ms
+    worst_ratio = min(g.rate / d.rate for _, d, g in stream_rows)
+    lines.append("")
+    lines.append(f"target: added median latency at c=1 <= 1 ms: {added:.3f} ms -> {'PASS' if added <= 1 else 'FAIL'}")
+    lines.append(f"target: stream chunk throughput >= 80% of direct: worst {worst_ratio:.0%} -> "
+                 f"{'PASS' if worst_ratio >= 0.8 else 'FAIL'}")
+    return "\n".join(lines)
+
+
+async def amain(direct: str, through: str, quick: bool) -> None:
+    await _wait_ready(f"{direct}/api/tags")
+    await _wait_ready(f"{through}/kvgate/health")
+    print(render(await measure(direct, through, quick)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="a quarter of the requests (a smoke run)")
+    quick = parser.parse_args().quick
+    upstream_port, gateway_port = _free_port(), _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
+    upstream = subprocess.Popen([sys.executable, "-m", "bench.fake_upstream", str(upstream_port)], env=env)
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(gateway_port),
+         "--backend", f"ollama=http://127.0.0.1:{upstream_port}"],
+        env={**env, "KVGATE_SERVER__LOG_LEVEL": "warning"},
+    )
+    try:
+        asyncio.run(amain(f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{gateway_port}", quick))
+    finally:
+        for process in (gateway, upstream):
+            process.terminate()
+            process.wait(timeout=10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
