@@ -1,0 +1,39 @@
+"""config/kvgate.toml is valid and mentions every setting kvgate has."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from gateway.config import BackendSettings, Settings, load_settings
+
+EXAMPLE = Path(__file__).parents[2] / "config" / "kvgate.toml"
+
+
+def _setting_names(model: type[BaseModel]) -> set[str]:
+    names: set[str] = set()
+    for name, info in model.model_fields.items():
+        names.add(name)
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            names |= _setting_names(annotation)
+    return names
+
+
+def test_example_config_loads_with_the_defaults() -> None:
+    settings = load_settings(EXAMPLE)
+    assert settings == load_settings(None, default_backend="ollama")
+
+
+def test_example_config_documents_every_setting() -> None:
+    text = EXAMPLE.read_text()
+    missing = sorted(name for name in _setting_names(Settings) | _setting_names(BackendSettings)
+                     if f"{name} =" not in text and f"[{name}" not in text and f"[[{name}" not in text
+                     and f".{name}]" not in text)
+    assert missing == []
+
+
+def test_docker_config_loads() -> None:
+    settings = load_settings(EXAMPLE.with_name("docker.toml"))
+    assert settings.server.host == "0.0.0.0" and settings.backends[0].url == "http://ollama:11434"
