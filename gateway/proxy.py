@@ -61,12 +61,14 @@ class Proxy:
         dialect = fallback_dialect(request.path) if route is FALLBACK else route.dialect
         started_s = self._clock()
         status = 0
+        detail: dict[str, object] = {}
         try:
             response = await self._dispatch(request, route, dialect, request_id)
             status = response.status
             return response
         except GatewayError as exc:
             status = exc.status
+            detail["error"] = exc.message
             return self._error_response(dialect, exc, request_id)
         except asyncio.CancelledError:
             status = 499
@@ -80,7 +82,7 @@ class Proxy:
         finally:
             log.info(
                 "%s %s %d", request.method, request.path, status,
-                extra={"duration_ms": round((self._clock() - started_s) * 1000, 2)},
+                extra={"duration_ms": round((self._clock() - started_s) * 1000, 2), **detail},
             )
             request_id_var.reset(token)
 
