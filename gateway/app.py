@@ -11,9 +11,11 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 from aiohttp import web
 
-from gateway import __version__
+from gateway import kvgate_api
 from gateway.backends import BackendRegistry
 from gateway.config import Settings
+from gateway.knowledge import Knowledge
+from gateway.memory.vram import VramSource
 from gateway.proxy import Proxy
 from gateway.routes import FALLBACK, ROUTES, Route
 
@@ -21,6 +23,7 @@ SETTINGS = web.AppKey("settings", Settings)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 REGISTRY = web.AppKey("registry", BackendRegistry)
 PROXY = web.AppKey("proxy", Proxy)
+KNOWLEDGE = web.AppKey("knowledge", Knowledge)
 
 SessionFactory = Callable[[], aiohttp.ClientSession]
 
@@ -42,6 +45,7 @@ def create_app(
     session_factory: SessionFactory = default_session,
     clock: Callable[[], float] = time.monotonic,
     refresh_models: bool = True,
+    vram_sources: dict[str, VramSource] | None = None,
 ) -> web.Application:
     """Build the gateway. Every seam a test needs is a parameter."""
     app = web.Application(client_max_size=int(settings.server.max_body_bytes) + 1)
@@ -53,6 +57,7 @@ def create_app(
         app[SESSION] = session
         app[REGISTRY] = registry
         app[PROXY] = Proxy(settings, registry, session)
+        app[KNOWLEDGE] = Knowledge(session, vram_sources)
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
         yield
         if refresher is not None:
@@ -62,7 +67,8 @@ def create_app(
         await session.close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_get("/kvgate/health", _health, allow_head=True)
+    app.router.add_get("/kvgate/health", kvgate_api.health, allow_head=True)
+    app.router.add_get("/kvgate/fit", kvgate_api.fit_handler(lambda r: (r.app[REGISTRY], r.app[KNOWLEDGE])))
     for route in ROUTES:
         for method in route.methods:
             app.router.add_route(method, route.path, functools.partial(_proxied, route=route))
@@ -72,10 +78,6 @@ def create_app(
 
 async def _proxied(request: web.Request, *, route: Route) -> web.StreamResponse:
     return await request.app[PROXY].handle(request, route)
-
-
-async def _health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "version": __version__})
 
 
 async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:

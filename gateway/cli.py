@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway import __version__
 from gateway.config import ConfigError, Settings, load_settings, parse_backend_flag
+from gateway.memory import estimate_cli
 from gateway.observability.logs import configure_logging
 
 log = logging.getLogger("gateway")
@@ -35,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kvgate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    estimate = sub.add_parser("estimate", help="what a model costs in VRAM at a context, and what fits")
+    estimate_cli.add_arguments(estimate)
     return parser
 
 
@@ -91,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(settings.server.log_level, settings.server.log_format)
         run_event_loop(serve(settings))
         return 0
+    if args.command == "estimate":
+        return asyncio.run(estimate_cli.run(args))
     return 2
 
 

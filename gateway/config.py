@@ -26,6 +26,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from yarl import URL
 
 from gateway.domain import BackendKind
+from gateway.memory.kv import parse_cache_type
+from gateway.memory.vram import parse_size
 
 DEFAULT_PORT = 11435
 """kvgate listens next to Ollama's 11434 by default, so clients change one digit."""
@@ -59,6 +61,28 @@ class BackendSettings(_Strict):
     url: str = DEFAULT_BACKEND_URL
     api_key: SecretStr | None = None
     timeouts: Timeouts = Timeouts()
+    parallel: int | None = Field(
+        default=None, ge=1, le=256, description="sequences per model: OLLAMA_NUM_PARALLEL or llama-server -np"
+    )
+    unified_kv: bool | None = Field(default=None, description="llama-server: one KV pool shared by all slots")
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    gguf_path: Path | None = Field(default=None, description="llama-server: the model file, for its metadata")
+    vram: str | None = Field(default=None, description="'nvml', an exporter URL, or a size like '24GiB'")
+    vram_refresh_s: float = Field(default=2.0, gt=0)
+
+    @field_validator("cache_type_k", "cache_type_v")
+    @classmethod
+    def _cache_type(cls, value: str) -> str:
+        return str(parse_cache_type(value))
+
+    @field_validator("vram")
+    @classmethod
+    def _vram(cls, value: str | None) -> str | None:
+        if value is None or value == "nvml" or value.startswith(("http://", "https://")):
+            return value
+        parse_size(value)
+        return value
 
     @field_validator("url")
     @classmethod

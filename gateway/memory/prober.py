@@ -1,0 +1,177 @@
+"""Fetch model profiles from running backends, cached until the model changes.
+
+Ollama: /api/tags gives each model's digest and size; /api/show is asked only for a digest not seen before, and
+again with ``verbose`` only when a per-layer array came back null. llama-server: /props and /v1/models; the GGUF
+at ``model_path`` is read (off the event loop) when this host can see it, cached by path and mtime.
+
+The session is injected; aiohttp errors become ProbeError here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gateway.memory.gguf_file import GgufSummary, read_gguf
+from gateway.memory.profile import ModelProfile
+from gateway.memory.sources.common import ProfileError
+from gateway.memory.sources.llamacpp import (
+    SlotState,
+    check_unified,
+    parse_models,
+    parse_props,
+    parse_slots,
+    profile_from_llama_server,
+)
+from gateway.memory.sources.ollama import LoadedModel, needs_verbose, parse_ps, parse_tags, profile_from_show
+
+
+class ProbeError(Exception):
+    """Raised when a backend cannot be asked (unreachable, HTTP error, not JSON) or its answer is unusable."""
+
+
+class _Http:
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, timeout_s: float, headers: dict[str, str]):
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.headers = headers
+
+    async def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        url = f"{self.base_url}{path}"
+        try:
+            async with self.session.request(
+                method, url, json=body, timeout=self.timeout, headers=self.headers
+            ) as response:
+                if response.status != 200:
+                    text = (await response.text())[:300]
+                    raise ProbeError(f"{method} {url} answered HTTP {response.status}: {text}")
+                return await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise ProbeError(f"{method} {url} failed: {exc!r}") from exc
+
+
+class OllamaProber:
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, *, timeout_s: float = 30.0) -> None:
+        self._http = _Http(session, base_url, timeout_s, {})
+        self._profiles: dict[str, ModelProfile] = {}
+        self.show_requests = 0
+
+    async def profile(self, model: str) -> ModelProfile:
+        tags = parse_tags(await self._http.request("GET", "/api/tags"))
+        tag = tags.get(model) or tags.get(f"{model}:latest")
+        if tag is None:
+            raise ProbeError(f"Ollama has no model {model!r}; it has: {', '.join(sorted(tags)) or 'none'}")
+        key = tag.digest or tag.name
+        cached = self._profiles.get(key)
+        if cached is not None:
+            return cached
+        try:
+            show = await self._show(tag.name, verbose=False)
+            if needs_verbose(show):
+                show = await self._show(tag.name, verbose=True)
+            profile = profile_from_show(tag.name, show, size_bytes=tag.size_bytes, digest=tag.digest)
+        except (ValueError, ProfileError) as exc:
+            raise ProbeError(f"Ollama model {tag.name}: {exc}") from exc
+        self._profiles[key] = profile
+        return profile
+
+    async def _show(self, model: str, *, verbose: bool) -> dict[str, Any]:
+        self.show_requests += 1
+        show: dict[str, Any] = await self._http.request("POST", "/api/show", {"model": model, "verbose": verbose})
+        return show
+
+    async def loaded(self) -> list[LoadedModel]:
+        try:
+            return parse_ps(await self._http.request("GET", "/api/ps"))
+        except ProfileError as exc:
+            raise ProbeError(str(exc)) from exc
+
+
+class LlamaServerProber:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        *,
+        gguf_path: Path | None = None,
+        fallback: ModelProfile | None = None,
+        configured_unified: bool | None = None,
+        configured_parallel: int | None = None,
+        configured_ctx_size: int | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = _Http(session, base_url, timeout_s, headers)
+        self._gguf_path = gguf_path
+        self._fallback = fallback
+        self._configured = (configured_unified, configured_parallel, configured_ctx_size)
+        self._gguf_cache: dict[tuple[str, int], GgufSummary] = {}
+
+    async def _summary(self, model_path: str) -> GgufSummary | None:
+        path = self._gguf_path or (Path(model_path) if model_path else None)
+        if path is None:
+            return None
+        try:
+            mtime_ns = path.stat().st_mtime_ns
+        except OSError:
+            return None  # the server's file is not visible from here
+        key = (str(path), mtime_ns)
+        if key not in self._gguf_cache:
+            self._gguf_cache = {key: await asyncio.to_thread(read_gguf, path)}
+        return self._gguf_cache[key]
+
+    async def profile(self) -> ModelProfile:
+        props_json, models_json = await asyncio.gather(
+            self._http.request("GET", "/props"), self._http.request("GET", "/v1/models")
+        )
+        try:
+            props, meta = parse_props(props_json), parse_models(models_json)
+            profile = profile_from_llama_server(
+                props, meta, await self._summary(props.model_path), fallback=self._fallback
+            )
+        except (ProfileError, ValueError) as exc:
+            raise ProbeError(f"llama-server at {self._http.base_url}: {exc}") from exc
+        unified, parallel, ctx_size = self._configured
+        if unified is None:
+            return profile
+        warning = check_unified(
+            configured_unified=unified, configured_parallel=parallel, configured_ctx_size=ctx_size, props=props,
+            n_ctx_train=meta.n_ctx_train,
+        )
+        if warning is None:
+            return profile
+        return _with_warning(profile, warning)
+
+    async def slots(self) -> list[SlotState]:
+        try:
+            return parse_slots(await self._http.request("GET", "/slots"))
+        except ProfileError as exc:
+            raise ProbeError(str(exc)) from exc
+
+
+def _with_warning(profile: ModelProfile, warning: str) -> ModelProfile:
+    return replace(profile, warnings=(*profile.warnings, warning))
+
+
+async def detect_backend(session: aiohttp.ClientSession, base_url: str, *, timeout_s: float = 10.0) -> str:
+    """'ollama' or 'llama-server', by which of /api/version and /props answers."""
+    http = _Http(session, base_url, timeout_s, {})
+    try:
+        version = await http.request("GET", "/api/version")
+        if isinstance(version, dict) and "version" in version:
+            return "ollama"
+    except ProbeError:
+        pass
+    try:
+        props = await http.request("GET", "/props")
+    except ProbeError as exc:
+        raise ProbeError(f"{base_url} answers neither Ollama's /api/version nor llama-server's /props") from exc
+    if isinstance(props, dict) and "default_generation_settings" in props:
+        return "llama-server"
+    raise ProbeError(f"{base_url} answers /props without default_generation_settings; not a llama-server")

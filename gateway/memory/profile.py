@@ -1,0 +1,43 @@
+"""ModelProfile: what kvgate knows about one model, whichever source it came from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gateway.memory.kv import ModelShape
+
+
+class ProfileSource(StrEnum):
+    OLLAMA = "ollama"
+    LLAMA_SERVER = "llama-server"
+    GGUF = "gguf"
+    PRESET = "preset"
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Shape plus the facts that decide a model's load cost.
+
+    ``context_tokens`` is the per-sequence context the model is configured or loaded with (Ollama's num_ctx or
+    /api/ps context_length, llama-server's per-slot n_ctx); None when the source does not say. ``cache_key``
+    changes when the model changes (an Ollama digest, a GGUF path with its mtime).
+    """
+
+    name: str
+    shape: ModelShape
+    weights_bytes: int
+    source: ProfileSource
+    quantization: str | None = None
+    context_tokens: int | None = None
+    parallel: int | None = None
+    capabilities: tuple[str, ...] = ()
+    parameter_count: int | None = None
+    n_vocab: int | None = None
+    n_ff: int | None = None
+    cache_key: str = ""
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def all_warnings(self) -> tuple[str, ...]:
+        return self.shape.warnings + self.warnings

@@ -1,0 +1,69 @@
+"""GET /kvgate/fit serves the same answer as `kvgate estimate`, with the backend's live VRAM reading."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator
+
+import aiohttp
+import orjson
+import pytest
+
+from gateway.cli import build_parser
+from gateway.memory import estimate_cli
+from tests.support.fake_llm import FakeLLM, running
+from tests.support.gateway_server import running_gateway
+
+GIB = 1 << 30
+
+
+@pytest.fixture
+async def gateway() -> AsyncIterator[str]:
+    async with running(FakeLLM()) as fake, running_gateway(
+        [{"name": "gpu0", "url": fake.url, "vram": "24GiB"}]
+    ) as url:
+        yield url
+
+
+async def _fit(url: str, query: str) -> tuple[int, dict[str, object]]:
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/kvgate/fit?{query}") as response:
+        return response.status, orjson.loads(await response.read())
+
+
+async def test_fit_reproduces_the_llama_3_1_8b_guide_numbers(gateway: str) -> None:
+    status, at_128k = await _fit(gateway, "model=llama3.1:8b&context=131072")
+    assert status == 200
+    assert at_128k["kv_bytes_per_token"] == 128 * 1024
+    assert at_128k["kv_bytes"] == 16 * GIB
+    assert at_128k["vram_total_bytes"] == 24 * GIB and at_128k["backend"] == "gpu0"
+    _, at_8k = await _fit(gateway, "model=llama3.1:8b&context=8192")
+    assert at_8k["kv_bytes"] == GIB and at_8k["fits"] is True
+    _, q8 = await _fit(gateway, "model=llama3.1:8b&context=131072&cache_type_k=q8_0&cache_type_v=q8_0")
+    assert q8["kv_bytes"] == 17 * GIB // 2
+
+
+async def test_fit_matches_the_cli(gateway: str) -> None:
+    _, served = await _fit(gateway, "model=qwen2.5:7b&context=32768&parallel=2")
+    args = build_parser().parse_args(
+        ["estimate", "qwen2.5:7b", "--context", "32768", "--parallel", "2", "--vram", "24GiB", "--json"])
+    out = io.StringIO()
+    assert await estimate_cli.run(args, out=out) == 0
+    printed = orjson.loads(out.getvalue())
+    for key in ("kv_bytes_per_token", "kv_bytes", "weights_bytes", "total_bytes", "fits", "max_context"):
+        assert served[key] == printed[key], key
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("context=8192", "model is required"),
+        ("model=llama3.1:8b&context=-5", "context is -5; allowed: 1.."),
+        ("model=llama3.1:8b&cache_type_k=q3", "allowed: f32, f16"),
+        ("model=llama3.1:8b&backend=nope", "known backends: gpu0"),
+    ],
+)
+async def test_fit_refuses_nonsense_naming_the_value(gateway: str, query: str, expected: str) -> None:
+    status, body = await _fit(gateway, query)
+    assert status == 400
+    error = body["error"]
+    assert isinstance(error, dict) and expected in str(error["message"])
