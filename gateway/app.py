@@ -14,6 +14,7 @@ from aiohttp import web
 from gateway import kvgate_api
 from gateway.backends import BackendRegistry
 from gateway.config import Settings
+from gateway.counting import Counting
 from gateway.knowledge import Knowledge
 from gateway.memory.vram import VramSource
 from gateway.proxy import Proxy
@@ -24,6 +25,7 @@ SESSION = web.AppKey("session", aiohttp.ClientSession)
 REGISTRY = web.AppKey("registry", BackendRegistry)
 PROXY = web.AppKey("proxy", Proxy)
 KNOWLEDGE = web.AppKey("knowledge", Knowledge)
+COUNTING = web.AppKey("counting", Counting)
 
 SessionFactory = Callable[[], aiohttp.ClientSession]
 
@@ -56,7 +58,8 @@ def create_app(
         registry = BackendRegistry(settings, session, clock=clock)
         app[SESSION] = session
         app[REGISTRY] = registry
-        app[PROXY] = Proxy(settings, registry, session)
+        app[COUNTING] = Counting(settings, session)
+        app[PROXY] = Proxy(settings, registry, session, app[COUNTING])
         app[KNOWLEDGE] = Knowledge(session, vram_sources)
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
         yield
@@ -69,6 +72,7 @@ def create_app(
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/kvgate/health", kvgate_api.health, allow_head=True)
     app.router.add_get("/kvgate/fit", kvgate_api.fit_handler(lambda r: (r.app[REGISTRY], r.app[KNOWLEDGE])))
+    app.router.add_post("/kvgate/count", kvgate_api.count_handler(lambda r: (r.app[REGISTRY], r.app[COUNTING])))
     for route in ROUTES:
         for method in route.methods:
             app.router.add_route(method, route.path, functools.partial(_proxied, route=route))

@@ -103,6 +103,26 @@ class ServerSettings(_Strict):
     log_format: Literal["text", "json"] = "text"
 
 
+class ModelSettings(_Strict):
+    """What kvgate should know about one model that its backend can't tell it."""
+
+    gguf_path: Path | None = Field(default=None, description="the model's GGUF file, for its exact tokenizer")
+    tokenizer_json: Path | None = Field(default=None, description="a Hugging Face tokenizer.json for the model")
+    chat_template: str | None = Field(default=None, description="template family: llama3.1, llama3 or chatml")
+    image_tokens: int | None = Field(default=None, ge=0, description="tokens one image costs (Ollama: 768)")
+
+
+class CountingConfig(_Strict):
+    """How prompts are counted (see gateway/tokens): the backend's own tokenizer wherever it can be had."""
+
+    cache_dir: Path = Field(default=Path("~/.cache/kvgate/tokenizers"), description="converted tokenizers")
+    tiktoken_encoding: str | None = Field(default=None, description="e.g. o200k_base; needs tiktoken_dir")
+    tiktoken_dir: Path | None = Field(default=None, description="directory of pre-fetched tiktoken files")
+    estimate_bytes_per_token: float = Field(default=3.0, gt=0)
+    estimate_safety_margin: float = Field(default=0.10, ge=0, le=1)
+    default_image_tokens: int = Field(default=768, ge=0)
+
+
 class Settings(BaseSettings):
     """All of kvgate's configuration."""
 
@@ -114,6 +134,8 @@ class Settings(BaseSettings):
     backends: tuple[BackendSettings, ...] = (BackendSettings(name="ollama"),)
     default_backend: str | None = Field(default=None, description="name of the backend for unrouted paths")
     models_refresh_s: float = Field(default=30.0, gt=0)
+    counting: CountingConfig = CountingConfig()
+    models: dict[str, ModelSettings] = Field(default_factory=dict, description="per-model settings, by name")
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

@@ -1,4 +1,4 @@
-"""kvgate's own routes under ``/kvgate/``: health and the live "what fits" estimate.
+"""kvgate's own routes under ``/kvgate/``: health, the live "what fits" estimate and token counts.
 
 Errors use OpenAI's error shape (the most common client), with the parameter named in ``param``.
 """
@@ -12,6 +12,7 @@ from aiohttp import web
 
 from gateway import __version__, dialects
 from gateway.backends import Backend, BackendRegistry
+from gateway.counting import COUNTED_OPERATIONS, Counting
 from gateway.domain import Dialect
 from gateway.errors import BackendUnavailable, BadRequest, GatewayError
 from gateway.knowledge import Knowledge, local_profile
@@ -20,12 +21,15 @@ from gateway.memory.kv import parse_cache_type
 from gateway.memory.prober import ProbeError
 from gateway.memory.profile import ModelProfile
 from gateway.memory.vram import VramReading, VramUnavailable
+from gateway.routes import ROUTES
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_TOKENS = 8192
 
 Deps = Callable[[web.Request], tuple[BackendRegistry, Knowledge]]
+CountDeps = Callable[[web.Request], tuple[BackendRegistry, Counting]]
+COUNTABLE_ROUTES = {route.path: route for route in ROUTES if route.operation in COUNTED_OPERATIONS}
 
 
 def _error(error: GatewayError) -> web.Response:
@@ -106,3 +110,30 @@ async def _vram(knowledge: Knowledge, backend: Backend) -> tuple[VramReading | N
     except VramUnavailable as exc:
         log.warning("VRAM reading unavailable for %s: %s", backend.describe(), exc)
         return None, f"no VRAM reading: {exc}"
+
+
+def count_handler(deps: CountDeps) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """POST /kvgate/count?route=/api/chat with a request body as a client would send it to that route."""
+
+    async def count(request: web.Request) -> web.Response:
+        registry, counting = deps(request)
+        try:
+            path = request.query.get("route", "/v1/chat/completions")
+            route = COUNTABLE_ROUTES.get(path)
+            if route is None:
+                allowed = ", ".join(sorted(COUNTABLE_ROUTES))
+                raise BadRequest(f"route is {path!r}; allowed: {allowed}")
+            body = dialects.decode_body(await request.read())
+            parsed = dialects.parse(route.dialect, route.operation, body, route.path)
+            backend = await registry.resolve(parsed.model, route.kind)
+            result = await counting.count(parsed, backend)
+            if result is None:
+                raise BackendUnavailable(f"no counter could count this request for {backend.describe()}")
+        except GatewayError as exc:
+            return _error(exc)
+        return web.json_response({
+            "model": parsed.model, "backend": backend.name, "route": path,
+            "prompt_tokens": result.tokens, "counter": result.counter, "exact": result.exact,
+        })
+
+    return count

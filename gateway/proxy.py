@@ -22,16 +22,22 @@ from aiohttp import web
 from gateway import dialects
 from gateway.backends import Backend, BackendRegistry, models
 from gateway.config import Settings
-from gateway.domain import Dialect
+from gateway.counting import Counting, count_headers
+from gateway.domain import BackendKind, Dialect, ParsedRequest
 from gateway.errors import BackendTimeout, BackendUnavailable, GatewayError, InternalError, PayloadTooLarge
 from gateway.headers import REQUEST_ID, upstream_request_headers
 from gateway.observability.logs import request_id_var
 from gateway.routes import FALLBACK, Handling, Route, fallback_dialect
 from gateway.streaming import relay
+from gateway.tokens import TokenCount
+from gateway.usage import UsageObserver
 
 log = logging.getLogger("gateway.proxy")
 
 MAX_REQUEST_ID_CHARS = 128
+TRUNCATION_RATIO = 0.8
+"""A backend reporting fewer than this share of the counted prompt tokens has cut the prompt (Ollama does so
+silently); such a sample is logged and not learnt from."""
 
 
 def request_id_for(request: web.Request) -> str:
@@ -48,11 +54,13 @@ class Proxy:
         settings: Settings,
         registry: BackendRegistry,
         session: aiohttp.ClientSession,
+        counting: Counting,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._settings = settings
         self._registry = registry
         self._session = session
+        self._counting = counting
         self._clock = clock
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
@@ -101,17 +109,34 @@ class Proxy:
     ) -> web.StreamResponse:
         if route.handling is Handling.LISTING:
             return await self._listing(request, route, request_id)
-        body: bytes | AsyncIterator[bytes] | None
-        if route.handling is Handling.PARSED:
-            raw = await self._read_body(request)
-            parsed = dialects.parse(dialect, route.operation, dialects.decode_body(raw), request.path)
-            backend = await self._registry.resolve(parsed.model, route.kind)
-            body = raw
-        else:
+        if route.handling is Handling.PASSTHROUGH:
             model = request.match_info.get("model")
             backend = await self._registry.resolve(model, route.kind)
             body = request.content.iter_any() if request.body_exists else None
-        return await self._forward(request, backend, body, dialect, request_id)
+            return await self._forward(request, backend, body, dialect, request_id, {})
+        raw = await self._read_body(request)
+        parsed = dialects.parse(dialect, route.operation, dialects.decode_body(raw), request.path)
+        backend = await self._registry.resolve(parsed.model, route.kind)
+        count = await self._counting.count(parsed, backend)
+        observer = None
+        if count is not None and not count.exact and backend.kind is BackendKind.OLLAMA:
+            observer = UsageObserver()
+        response = await self._forward(request, backend, raw, dialect, request_id, count_headers(count), observer)
+        if observer is not None and count is not None and response.status == 200:
+            await self._observe(parsed, backend, count, observer.prompt_tokens())
+        return response
+
+    async def _observe(self, parsed: ParsedRequest, backend: Backend, count: TokenCount, seen: int | None) -> None:
+        """Learn from the prompt length the backend reported; note a backend that cut the prompt short."""
+        if seen is None:
+            return
+        if seen < count.tokens * TRUNCATION_RATIO:
+            log.warning(
+                "backend reported %d prompt tokens for a prompt counted at %d: it likely truncated the prompt",
+                seen, count.tokens, extra={"backend": backend.name, "model": parsed.model},
+            )
+            return
+        await self._counting.calibrate(parsed, backend, seen)
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = int(self._settings.server.max_body_bytes)
@@ -136,6 +161,8 @@ class Proxy:
         body: bytes | AsyncIterator[bytes] | None,
         dialect: Dialect,
         request_id: str,
+        headers_out: dict[str, str],
+        observer: UsageObserver | None = None,
     ) -> web.StreamResponse:
         timeouts = backend.settings.timeouts
         headers = upstream_request_headers(
@@ -146,7 +173,8 @@ class Proxy:
         try:
             return await relay(
                 request, upstream, dialect=dialect, idle_s=timeouts.idle_s, request_id=request_id,
-                backend_label=backend.describe(), extra_headers={"X-Kvgate-Backend": backend.name},
+                backend_label=backend.describe(), extra_headers={"X-Kvgate-Backend": backend.name, **headers_out},
+                observer=observer,
             )
         finally:
             upstream.close()

@@ -19,6 +19,7 @@ from gateway.domain import Dialect
 from gateway.errors import BackendTimeout, BackendUnavailable, GatewayError
 from gateway.framing import stream_kind
 from gateway.headers import downstream_response_headers
+from gateway.usage import UsageObserver
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +40,13 @@ async def relay(
     request_id: str,
     backend_label: str,
     extra_headers: dict[str, str],
+    observer: UsageObserver | None = None,
 ) -> web.StreamResponse:
     headers = downstream_response_headers(upstream.headers, request_id=request_id)
     headers.update(extra_headers)
     kind = stream_kind(upstream.headers.get("Content-Type", ""))
+    if observer is not None:
+        observer.begin(upstream.headers.get("Content-Type", ""))
     length = upstream.content_length
     if kind is None and length is not None and length <= SMALL_BODY_BYTES:
         try:
@@ -52,12 +56,14 @@ async def relay(
             raise BackendTimeout(f"{backend_label} stalled: no data for {idle_s:g} s (timeouts.idle_s)") from None
         except aiohttp.ClientError as exc:
             raise BackendUnavailable(f"{backend_label} broke off its response: {exc or type(exc).__name__}") from None
+        if observer is not None:
+            observer.feed(body)
         return web.Response(status=upstream.status, reason=upstream.reason, headers=headers, body=body)
 
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     await response.prepare(request)
     try:
-        error = await _pump(upstream, response, idle_s=idle_s, backend_label=backend_label)
+        error = await _pump(upstream, response, idle_s=idle_s, backend_label=backend_label, observer=observer)
     except ClientGone:
         log.info("client disconnected mid-stream; upstream request closed")
         return response
@@ -100,7 +106,12 @@ class _IdleWatchdog:
 
 
 async def _pump(
-    upstream: aiohttp.ClientResponse, response: web.StreamResponse, *, idle_s: float, backend_label: str
+    upstream: aiohttp.ClientResponse,
+    response: web.StreamResponse,
+    *,
+    idle_s: float,
+    backend_label: str,
+    observer: UsageObserver | None,
 ) -> GatewayError | None:
     """Copy chunks until the backend's body ends; returns the backend's failure, if any."""
     loop = asyncio.get_running_loop()
@@ -116,6 +127,8 @@ async def _pump(
                 return BackendUnavailable(f"{backend_label} broke off the stream: {exc or type(exc).__name__}")
             if not chunk:
                 return None
+            if observer is not None:
+                observer.feed(chunk)
             try:
                 await response.write(chunk)
             except ConnectionError:

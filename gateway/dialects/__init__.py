@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -20,10 +21,21 @@ def decode_body(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        body = _decode_lenient(raw, exc)
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     return body
+
+
+def _decode_lenient(raw: bytes, error: orjson.JSONDecodeError) -> Any:
+    """JSON whose strings hold invalid UTF-8 or lone surrogates: Go and C++ servers accept it, so kvgate does too
+    (the body is forwarded unchanged; the odd characters are counted by their bytes)."""
+    if "UTF-8" not in str(error) and "surrogate" not in str(error):
+        raise BadRequest(f"request body is not valid JSON: {error}") from None
+    try:
+        return json.loads(raw.decode("utf-8", "surrogateescape"))
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
 
 
 def parse(dialect: Dialect, operation: Operation, body: dict[str, Any], path: str) -> ParsedRequest:

@@ -98,8 +98,9 @@ async def test_client_disconnect_closes_the_upstream_request_within_a_second(
 async def test_client_disconnect_while_waiting_for_first_byte_closes_upstream(
     fake: FakeLLM, gateway: str, http: aiohttp.ClientSession
 ) -> None:
-    async with http.get(f"{gateway}/api/tags") as listed:  # the gateway learns the models first
-        assert listed.status == 200
+    async with http.post(f"{gateway}/api/chat", json=CHAT) as primed:  # models listed, counter ready
+        assert primed.status == 200
+    fake.cancelled.clear()
     fake.script.first_byte_delay_s = 0.8
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.2):

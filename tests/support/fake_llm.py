@@ -8,6 +8,7 @@ handler was cancelled (the client, i.e. the gateway, closed the connection).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -87,7 +88,7 @@ class FakeLLM:
             return web.Response(text="Ollama is running")
         if path.startswith("/api/blobs/"):
             return web.Response(status=201)
-        request_json: dict[str, Any] = orjson.loads(body) if body else {}
+        request_json: dict[str, Any] = json.loads(body.decode("utf-8", "surrogateescape")) if body else {}
         model = request_json.get("model", "")
         if path in ("/api/embed", "/v1/embeddings", "/api/embeddings"):
             return self._embedding(path, model)

@@ -1,0 +1,97 @@
+"""Counting each request's prompt tokens with the best counter for its backend and model.
+
+One counter chain per (backend, model), built on first use and kept, so tokenizers and per-message counts stay
+cached. Counting never fails a request: when no counter can answer, the request goes on without a count.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+
+from gateway.backends import Backend
+from gateway.config import Settings
+from gateway.domain import BackendKind, Operation, ParsedRequest
+from gateway.tokens import (
+    CounterChain,
+    CounterUnavailable,
+    CountingSettings,
+    TokenCount,
+    build_counter_chain,
+    count_request,
+)
+from gateway.tokens.llama_server_counter import probe_chat_template
+
+log = logging.getLogger(__name__)
+
+COUNTED_OPERATIONS = frozenset({Operation.CHAT, Operation.GENERATE})
+
+
+def counting_settings(settings: Settings) -> CountingSettings:
+    c = settings.counting
+    models = settings.models
+    return CountingSettings(
+        cache_dir=c.cache_dir.expanduser(),
+        gguf_paths={name: m.gguf_path for name, m in models.items() if m.gguf_path is not None},
+        tokenizer_json={name: m.tokenizer_json for name, m in models.items() if m.tokenizer_json is not None},
+        chat_templates={name: m.chat_template for name, m in models.items() if m.chat_template is not None},
+        tiktoken_encoding=c.tiktoken_encoding,
+        tiktoken_dir=c.tiktoken_dir,
+        image_tokens={name: m.image_tokens for name, m in models.items() if m.image_tokens is not None},
+        default_image_tokens=c.default_image_tokens,
+        estimate_bytes_per_token=c.estimate_bytes_per_token,
+        estimate_safety_margin=c.estimate_safety_margin,
+    )
+
+
+class Counting:
+    def __init__(self, settings: Settings, session: aiohttp.ClientSession) -> None:
+        self._settings = counting_settings(settings)
+        self._session = session
+        self._chains: dict[tuple[str, str], CounterChain] = {}
+        self._templates: dict[str, str | None] = {}
+
+    async def chain(self, backend: Backend, model: str) -> CounterChain:
+        key = (backend.name, model)
+        chain = self._chains.get(key)
+        if chain is None:
+            template = None
+            if backend.kind is BackendKind.LLAMA_SERVER:
+                if backend.name not in self._templates:
+                    self._templates[backend.name] = await probe_chat_template(
+                        self._session, backend.settings.url, api_key=backend.api_key)
+                template = self._templates[backend.name]
+            chain = build_counter_chain(
+                str(backend.kind), model, session=self._session, base_url=backend.settings.url,
+                settings=self._settings, llama_server_template=template, api_key=backend.api_key,
+            )
+            self._chains[key] = chain
+        return chain
+
+    async def count(self, parsed: ParsedRequest, backend: Backend) -> TokenCount | None:
+        """The request's prompt length, or None for requests that have no prompt or can't be counted."""
+        if parsed.operation not in COUNTED_OPERATIONS:
+            return None
+        chain = await self.chain(backend, parsed.model or "")
+        try:
+            return await count_request(parsed.body, str(parsed.dialect), chain)
+        except CounterUnavailable as exc:
+            log.warning("could not count the prompt: %s", exc.reason)
+            return None
+
+    async def calibrate(self, parsed: ParsedRequest, backend: Backend, observed_prompt_tokens: int) -> None:
+        """Learn a model's template overhead from the prompt length its backend reported."""
+        chain = self._chains.get((backend.name, parsed.model or ""))
+        if chain is None or not parsed.messages:
+            return
+        await chain.calibrate(list(parsed.messages), list(parsed.tools), observed_prompt_tokens)
+
+
+def count_headers(count: TokenCount | None) -> dict[str, str]:
+    if count is None:
+        return {}
+    return {
+        "X-Kvgate-Prompt-Tokens": str(count.tokens),
+        "X-Kvgate-Counter": f"{count.counter}; {'exact' if count.exact else 'estimate'}",
+    }

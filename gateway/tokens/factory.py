@@ -1,0 +1,93 @@
+"""Assemble the counter chain for one model on one backend (the wiring point for the proxy and the CLI).
+
+Settings are plain data, built once from the gateway config; nothing here reads the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from gateway.tokens.chain import CounterChain
+from gateway.tokens.count import Counter
+from gateway.tokens.estimate import EstimateCounter
+from gateway.tokens.llama_server_counter import LlamaServerCounter
+from gateway.tokens.message_cache import CountCache
+from gateway.tokens.overhead import OverheadEstimator
+from gateway.tokens.sources import GGUFFileSource, OllamaShowSource, TokenizerJsonSource
+from gateway.tokens.tiktoken_counter import TiktokenCounter
+from gateway.tokens.tokenizer_counter import AUTO_TEMPLATE, TokenizerCounter
+
+
+@dataclass(frozen=True, slots=True)
+class CountingSettings:
+    """How kvgate counts tokens; per-model maps are keyed by the model name clients send."""
+
+    cache_dir: Path | None = None  # converted tokenizers (tokenizer.json per digest)
+    gguf_paths: dict[str, Path] = field(default_factory=dict)  # model -> GGUF file readable by the gateway
+    tokenizer_json: dict[str, Path] = field(default_factory=dict)  # model -> configured tokenizer.json
+    chat_templates: dict[str, str] = field(default_factory=dict)  # model -> template family (templates.py)
+    tiktoken_encoding: str | None = None  # e.g. "o200k_base"; needs tiktoken_dir
+    tiktoken_dir: Path | None = None
+    image_tokens: dict[str, int] = field(default_factory=dict)  # model -> tokens per image (default 768)
+    default_image_tokens: int = 768
+    estimate_bytes_per_token: float = 3.0
+    estimate_safety_margin: float = 0.10
+    message_cache_entries: int = 8192
+
+
+def build_counter_chain(
+    backend_kind: str,
+    model: str,
+    *,
+    session: aiohttp.ClientSession,
+    base_url: str,
+    settings: CountingSettings,
+    llama_server_template: str | None = None,
+    api_key: str | None = None,
+) -> CounterChain:
+    """The chain for `model` on a backend of kind "llama-server", "ollama" or "openai".
+
+    `llama_server_template` is the family detected from the server's GET /props chat_template (templates.
+    detect_template); it lets the GGUF fallback render chats exactly like the server.
+    """
+    image_tokens = settings.image_tokens.get(model, settings.default_image_tokens)
+    cache = CountCache(max_entries=settings.message_cache_entries)
+    counters: list[Counter] = []
+    template = settings.chat_templates.get(model, llama_server_template or AUTO_TEMPLATE)
+    if backend_kind == "llama-server":
+        counters.append(LlamaServerCounter(session, base_url, model=model, api_key=api_key))
+    if model in settings.gguf_paths:
+        source = GGUFFileSource(settings.gguf_paths[model], cache_dir=settings.cache_dir)
+        counters.append(
+            TokenizerCounter(source, model=model, template=template, image_tokens=image_tokens, cache=cache)
+        )
+    elif backend_kind == "ollama":
+        source_ollama = OllamaShowSource(session, base_url, model, cache_dir=settings.cache_dir)
+        counters.append(
+            TokenizerCounter(
+                source_ollama,
+                model=model,
+                template=settings.chat_templates.get(model),
+                overhead=OverheadEstimator(),
+                image_tokens=image_tokens,
+                cache=cache,
+            )
+        )
+    if model in settings.tokenizer_json:
+        json_source = TokenizerJsonSource(settings.tokenizer_json[model])
+        counters.append(
+            TokenizerCounter(json_source, model=model, template=settings.chat_templates.get(model), cache=cache)
+        )
+    if settings.tiktoken_encoding and settings.tiktoken_dir is not None:
+        counters.append(TiktokenCounter(settings.tiktoken_encoding, settings.tiktoken_dir, image_tokens=image_tokens))
+    counters.append(
+        EstimateCounter(
+            bytes_per_token=settings.estimate_bytes_per_token,
+            safety_margin=settings.estimate_safety_margin,
+            image_tokens=image_tokens,
+        )
+    )
+    return CounterChain(model, counters)

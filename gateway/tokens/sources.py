@@ -1,0 +1,178 @@
+"""Where a model's tokenizer comes from: a GGUF file, Ollama's `/api/show`, or a tokenizer.json file.
+
+Each source loads once (callers memoize) and reports failure as CounterUnavailable, `permanent` when retrying
+cannot help (an unsupported or corrupt tokenizer) so the caller stops asking. Conversions run in a worker thread and
+are cached on disk by digest: the GGUF key/value digest, or the model digest Ollama lists in `/api/tags`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+import tokenizers
+
+from gateway.tokens.count import CounterUnavailable
+from gateway.tokens.gguf_meta import GGUFFormatError, read_gguf_metadata
+from gateway.tokens.gguf_vocab import UnsupportedTokenizer, tokenizer_from_gguf_metadata
+from gateway.tokens.tokenizer_cache import TokenizerCache
+
+
+class SourceUnavailable(CounterUnavailable):
+    """CounterUnavailable that also says whether retrying later could help."""
+
+    def __init__(self, counter: str, reason: str, *, permanent: bool) -> None:
+        super().__init__(counter, reason)
+        self.permanent = permanent
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedTokenizer:
+    """A ready tokenizer, whether long texts may be split at line starts, and the model's chat template source."""
+
+    tokenizer: tokenizers.Tokenizer
+    chunkable: bool
+    chat_template: str | None = None
+
+
+class TokenizerSource(Protocol):
+    """Loads one model's tokenizer; raises SourceUnavailable."""
+
+    @property
+    def kind(self) -> str: ...
+
+    async def load(self) -> LoadedTokenizer: ...
+
+
+def _from_metadata(meta: dict[str, Any], *, model: str, cache_dir: Path | None, key: str | None) -> LoadedTokenizer:
+    tokenizer = tokenizer_from_gguf_metadata(meta, model_name=model, cache_dir=cache_dir, cache_key=key)
+    template = meta.get("tokenizer.chat_template")
+    return LoadedTokenizer(
+        tokenizer=tokenizer,
+        chunkable=meta.get("tokenizer.ggml.model") != "llama",
+        chat_template=str(template) if template else None,
+    )
+
+
+class GGUFFileSource:
+    """The tokenizer inside a GGUF model file (any backend whose model file is readable here)."""
+
+    kind = "gguf"
+
+    def __init__(self, path: Path, *, cache_dir: Path | None = None) -> None:
+        self.path = path
+        self.cache_dir = cache_dir
+
+    async def load(self) -> LoadedTokenizer:
+        return await asyncio.to_thread(self._load)
+
+    def _load(self) -> LoadedTokenizer:
+        try:
+            parsed = read_gguf_metadata(self.path)
+        except OSError as exc:
+            raise SourceUnavailable(self.kind, f"cannot read {self.path}: {exc}", permanent=False) from exc
+        except GGUFFormatError as exc:
+            raise SourceUnavailable(self.kind, f"corrupt GGUF {self.path}: {exc}", permanent=True) from exc
+        try:
+            return _from_metadata(
+                parsed.values, model=str(self.path), cache_dir=self.cache_dir, key=f"gguf-{parsed.kv_digest}"
+            )
+        except UnsupportedTokenizer as exc:
+            raise SourceUnavailable(self.kind, str(exc), permanent=True) from exc
+
+
+class TokenizerJsonSource:
+    """A configured Hugging Face tokenizer.json."""
+
+    kind = "tokenizer.json"
+
+    def __init__(self, path: Path, *, chunkable: bool = False, chat_template: str | None = None) -> None:
+        self.path = path
+        self.chunkable = chunkable
+        self.chat_template = chat_template
+
+    async def load(self) -> LoadedTokenizer:
+        try:
+            tokenizer = await asyncio.to_thread(tokenizers.Tokenizer.from_file, str(self.path))
+        except Exception as exc:  # tokenizers raises a plain Exception for unreadable or invalid files
+            raise SourceUnavailable(self.kind, f"cannot load {self.path}: {exc}", permanent=True) from exc
+        return LoadedTokenizer(tokenizer, chunkable=self.chunkable, chat_template=self.chat_template)
+
+
+class OllamaShowSource:
+    """The GGUF tokenizer of an Ollama model, from `POST /api/show {"verbose": true}` (many MB: cached by digest)."""
+
+    kind = "gguf"
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        model: str,
+        *,
+        cache_dir: Path | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.cache_dir = cache_dir
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def load(self) -> LoadedTokenizer:
+        digest = await self._digest()
+        key = f"ollama-{digest}" if digest else None
+        if key and self.cache_dir is not None:
+            cached = TokenizerCache(self.cache_dir).load(key)
+            if cached is not None:
+                return LoadedTokenizer(cached, chunkable=_chunkable(cached))
+        info = await self._model_info()
+        try:
+            return await asyncio.to_thread(_from_metadata, info, model=self.model, cache_dir=self.cache_dir, key=key)
+        except UnsupportedTokenizer as exc:
+            raise SourceUnavailable(self.kind, str(exc), permanent=True) from exc
+
+    async def _digest(self) -> str | None:
+        try:
+            body = await self._request("GET", "/api/tags", None)
+        except SourceUnavailable:
+            return None
+        wanted = {self.model, self.model if ":" in self.model else f"{self.model}:latest"}
+        for entry in body.get("models") or ():
+            if isinstance(entry, dict) and ({entry.get("name"), entry.get("model")} & wanted):
+                digest = entry.get("digest")
+                return str(digest) if digest else None
+        return None
+
+    async def _model_info(self) -> dict[str, Any]:
+        body = await self._request("POST", "/api/show", {"model": self.model, "verbose": True})
+        info = body.get("model_info")
+        if not isinstance(info, dict):
+            raise SourceUnavailable(self.kind, f"/api/show for {self.model!r} has no model_info", permanent=True)
+        return info
+
+    async def _request(self, method: str, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
+        url = self.base_url + path
+        try:
+            async with self.session.request(method, url, json=payload, timeout=self.timeout) as response:
+                if response.status != 200:
+                    text = (await response.text())[:200]
+                    raise SourceUnavailable(
+                        self.kind,
+                        f"{method} {path} for {self.model!r}: HTTP {response.status} {text}",
+                        permanent=response.status == 404,
+                    )
+                body = await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise SourceUnavailable(self.kind, f"{method} {url}: {exc!r}", permanent=False) from exc
+        if not isinstance(body, dict):
+            raise SourceUnavailable(self.kind, f"{method} {path}: not a JSON object", permanent=False)
+        return body
+
+
+def _chunkable(tokenizer: tokenizers.Tokenizer) -> bool:
+    # Converted SentencePiece vocabularies prepend U+2581 per fragment (a Prepend normalizer): never split those.
+    return "Prepend" not in repr(tokenizer.normalizer)

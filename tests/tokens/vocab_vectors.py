@@ -1,0 +1,57 @@
+"""llama.cpp's tokenizer test vectors shipped beside the vocab-only GGUFs in gateway/data/vocab."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import tokenizers
+
+from gateway.tokens.gguf_vocab import load_gguf_tokenizer
+
+VOCAB_DIR = Path(__file__).resolve().parents[2] / "gateway" / "data" / "vocab"
+_SEPARATOR = "\n__ggml_vocab_test__\n"
+
+# Filled by test_vocab_vectors, printed by conftest.pytest_terminal_summary.
+VECTOR_RESULTS: dict[str, list[bool]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class VocabCase:
+    vocab: str
+    index: int
+    text: str
+    expected_ids: tuple[int, ...]
+
+
+def vocab_path(vocab: str) -> Path:
+    return VOCAB_DIR / f"ggml-vocab-{vocab}.gguf"
+
+
+def read_cases(vocab: str) -> list[VocabCase]:
+    """Strings and expected ids, split exactly as tests/test-tokenizer-0.cpp splits the .inp file."""
+    raw = (VOCAB_DIR / f"ggml-vocab-{vocab}.gguf.inp").read_text(encoding="utf-8")
+    texts = raw.split(_SEPARATOR)
+    if raw.endswith(_SEPARATOR):
+        texts.pop()
+    lines = (VOCAB_DIR / f"ggml-vocab-{vocab}.gguf.out").read_text(encoding="utf-8").splitlines()
+    assert len(texts) == len(lines), f"{vocab}: {len(texts)} strings but {len(lines)} id lines"
+    return [
+        VocabCase(vocab, i, text, tuple(int(x) for x in line.split()))
+        for i, (text, line) in enumerate(zip(texts, lines, strict=True))
+    ]
+
+
+@functools.cache
+def shared_tokenizer(vocab: str) -> tokenizers.Tokenizer:
+    """The converted tokenizer with special-token parsing on (llama-server's chat path); shared: do not mutate."""
+    return load_gguf_tokenizer(vocab_path(vocab))
+
+
+@functools.cache
+def vector_tokenizer(vocab: str) -> tokenizers.Tokenizer:
+    """The converted tokenizer with special-token parsing off, as the vectors were made (parse_special=false)."""
+    tokenizer = load_gguf_tokenizer(vocab_path(vocab))
+    tokenizer.encode_special_tokens = True
+    return tokenizer
