@@ -35,6 +35,7 @@ from gateway.usage import UsageObserver
 log = logging.getLogger("gateway.proxy")
 
 MAX_REQUEST_ID_CHARS = 128
+ESTIMATE_COUNTER = "estimate"
 TRUNCATION_RATIO = 0.8
 """A backend reporting fewer than this share of the counted prompt tokens has cut the prompt (Ollama does so
 silently); such a sample is logged and not learnt from."""
@@ -119,7 +120,7 @@ class Proxy:
         backend = await self._registry.resolve(parsed.model, route.kind)
         count = await self._counting.count(parsed, backend)
         observer = None
-        if count is not None and not count.exact and backend.kind is BackendKind.OLLAMA:
+        if count is not None and count.counter != ESTIMATE_COUNTER and backend.kind is BackendKind.OLLAMA:
             observer = UsageObserver()
         response = await self._forward(request, backend, raw, dialect, request_id, count_headers(count), observer)
         if observer is not None and count is not None and response.status == 200:
