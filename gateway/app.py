@@ -12,11 +12,14 @@ import aiohttp
 from aiohttp import web
 
 from gateway import kvgate_api
+from gateway.admission import Ledger, WaitingRoom
 from gateway.backends import BackendRegistry
 from gateway.config import Settings
 from gateway.counting import Counting
+from gateway.gate import Gate
 from gateway.knowledge import Knowledge
 from gateway.memory.vram import VramSource
+from gateway.pools import PoolDirectory
 from gateway.proxy import Proxy
 from gateway.routes import FALLBACK, ROUTES, Route
 
@@ -26,6 +29,7 @@ REGISTRY = web.AppKey("registry", BackendRegistry)
 PROXY = web.AppKey("proxy", Proxy)
 KNOWLEDGE = web.AppKey("knowledge", Knowledge)
 COUNTING = web.AppKey("counting", Counting)
+GATE = web.AppKey("gate", Gate)
 
 SessionFactory = Callable[[], aiohttp.ClientSession]
 
@@ -59,8 +63,9 @@ def create_app(
         app[SESSION] = session
         app[REGISTRY] = registry
         app[COUNTING] = Counting(settings, session)
-        app[PROXY] = Proxy(settings, registry, session, app[COUNTING])
         app[KNOWLEDGE] = Knowledge(session, vram_sources)
+        app[GATE] = Gate(settings.admission, PoolDirectory(settings, app[KNOWLEDGE]), WaitingRoom(Ledger()))
+        app[PROXY] = Proxy(settings, registry, session, app[COUNTING], app[GATE])
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
         yield
         if refresher is not None:

@@ -12,10 +12,11 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway import __version__
+from gateway import __version__, demo_cli
 from gateway.config import ConfigError, Settings, load_settings, parse_backend_flag
 from gateway.memory import estimate_cli
 from gateway.observability.logs import configure_logging
+from gateway.sim.runner import add_sim_arguments, run_sim_forever, sim_config_from_args
 
 log = logging.getLogger("gateway")
 
@@ -38,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     estimate = sub.add_parser("estimate", help="what a model costs in VRAM at a context, and what fits")
     estimate_cli.add_arguments(estimate)
+    sim = sub.add_parser("sim", help="run the simulated GPU backend (an Ollama or llama-server) alone")
+    add_sim_arguments(sim)
+    demo = sub.add_parser("demo", help="a multi-user workload on the simulated GPU, straight and through kvgate")
+    demo_cli.add_arguments(demo)
     return parser
 
 
@@ -96,6 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "estimate":
         return asyncio.run(estimate_cli.run(args))
+    if args.command == "sim":
+        configure_logging("info", "text")
+        run_event_loop(run_sim_forever(sim_config_from_args(args), args.host, args.port))
+        return 0
+    if args.command == "demo":
+        return asyncio.run(demo_cli.run(args))
     return 2
 
 

@@ -65,10 +65,15 @@ class BackendSettings(_Strict):
         default=None, ge=1, le=256, description="sequences per model: OLLAMA_NUM_PARALLEL or llama-server -np"
     )
     unified_kv: bool | None = Field(default=None, description="llama-server: one KV pool shared by all slots")
+    context_tokens: int | None = Field(
+        default=None, ge=256, description="Ollama: the num_ctx to pin every model of this backend to"
+    )
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     gguf_path: Path | None = Field(default=None, description="llama-server: the model file, for its metadata")
-    vram: str | None = Field(default=None, description="'nvml', an exporter URL, or a size like '24GiB'")
+    vram: str | None = Field(
+        default=None, description="'nvml', an exporter URL, a size like '24GiB', or 'sim' (kvgate's simulator)"
+    )
     vram_refresh_s: float = Field(default=2.0, gt=0)
 
     @field_validator("cache_type_k", "cache_type_v")
@@ -79,7 +84,7 @@ class BackendSettings(_Strict):
     @field_validator("vram")
     @classmethod
     def _vram(cls, value: str | None) -> str | None:
-        if value is None or value == "nvml" or value.startswith(("http://", "https://")):
+        if value is None or value in ("nvml", "sim") or value.startswith(("http://", "https://")):
             return value
         parse_size(value)
         return value
@@ -123,6 +128,25 @@ class CountingConfig(_Strict):
     default_image_tokens: int = Field(default=768, ge=0)
 
 
+class AdmissionConfig(_Strict):
+    """What kvgate does before forwarding (gateway/admission): reserve KV, pin num_ctx, clamp, queue or refuse."""
+
+    enabled: bool = True
+    default_output_tokens: int = Field(default=1024, ge=1, description="reserved when a client sets no limit")
+    estimate_margin: float = Field(default=0.10, ge=0, le=1, description="extra share reserved for estimated counts")
+    pin_num_ctx: bool = True
+    clamp_output: bool = True
+    max_queue: int = Field(default=256, ge=0)
+    queue_timeout_s: float = Field(default=120.0, gt=0)
+    per_tenant_max_active: int | None = Field(default=None, ge=1)
+    overtake_window_s: float = Field(default=5.0, ge=0)
+    pool_refresh_s: float = Field(default=5.0, gt=0, description="how long a backend's slot layout is reused")
+    default_context_tokens: int = Field(default=4096, ge=256, description="Ollama context when nothing says")
+    max_auto_context_tokens: int = Field(
+        default=32768, ge=256, description="Ollama: the largest context kvgate picks itself from free VRAM"
+    )
+
+
 class Settings(BaseSettings):
     """All of kvgate's configuration."""
 
@@ -135,6 +159,7 @@ class Settings(BaseSettings):
     default_backend: str | None = Field(default=None, description="name of the backend for unrouted paths")
     models_refresh_s: float = Field(default=30.0, gt=0)
     counting: CountingConfig = CountingConfig()
+    admission: AdmissionConfig = AdmissionConfig()
     models: dict[str, ModelSettings] = Field(default_factory=dict, description="per-model settings, by name")
 
     @model_validator(mode="after")

@@ -19,6 +19,7 @@ from gateway.memory.sources.gguf import profile_from_gguf
 from gateway.memory.vram import CachedVramSource, StaticVramSource, VramReading, VramSource
 from gateway.memory.vram_exporter import ExporterSource
 from gateway.memory.vram_nvml import nvml_source
+from gateway.sim.vram import HttpSimVramSource
 
 
 class Knowledge:
@@ -50,6 +51,15 @@ class Knowledge:
                               f"and {model!r} is not a preset or a GGUF path")
         return profile
 
+    async def loaded_context(self, backend: Backend, model: str) -> int | None:
+        """Ollama: the per-sequence context the model is loaded with now (/api/ps), None when not loaded."""
+        prober = self._ollama.setdefault(backend.name, OllamaProber(self._session, backend.settings.url))
+        names = {model, f"{model}:latest"}
+        for loaded in await prober.loaded():
+            if loaded.name in names:
+                return loaded.context_tokens
+        return None
+
     def vram_source(self, backend: Backend) -> VramSource | None:
         """The backend's configured VRAM source (``vram`` setting), cached for ``vram_refresh_s``."""
         settings = backend.settings
@@ -60,6 +70,8 @@ class Knowledge:
         inner: VramSource
         if settings.vram == "nvml":
             inner = nvml_source()
+        elif settings.vram == "sim":
+            inner = HttpSimVramSource(self._session, settings.url)
         elif settings.vram.startswith(("http://", "https://")):
             inner = ExporterSource(self._session, settings.vram)
         else:

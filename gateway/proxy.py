@@ -25,6 +25,7 @@ from gateway.config import Settings
 from gateway.counting import Counting, count_headers
 from gateway.domain import BackendKind, Dialect, ParsedRequest
 from gateway.errors import BackendTimeout, BackendUnavailable, GatewayError, InternalError, PayloadTooLarge
+from gateway.gate import Gate
 from gateway.headers import REQUEST_ID, upstream_request_headers
 from gateway.observability.logs import request_id_var
 from gateway.routes import FALLBACK, Handling, Route, fallback_dialect
@@ -39,6 +40,11 @@ ESTIMATE_COUNTER = "estimate"
 TRUNCATION_RATIO = 0.8
 """A backend reporting fewer than this share of the counted prompt tokens has cut the prompt (Ollama does so
 silently); such a sample is logged and not learnt from."""
+
+
+def _gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def request_id_for(request: web.Request) -> str:
@@ -56,12 +62,14 @@ class Proxy:
         registry: BackendRegistry,
         session: aiohttp.ClientSession,
         counting: Counting,
+        gate: Gate,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._settings = settings
         self._registry = registry
         self._session = session
         self._counting = counting
+        self._gate = gate
         self._clock = clock
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
@@ -122,7 +130,12 @@ class Proxy:
         observer = None
         if count is not None and count.counter != ESTIMATE_COUNTER and backend.kind is BackendKind.OLLAMA:
             observer = UsageObserver()
-        response = await self._forward(request, backend, raw, dialect, request_id, count_headers(count), observer)
+        admission = await self._gate.admit(parsed, request.path, raw, backend, count, lambda: _gone(request))
+        try:
+            headers = {**count_headers(count), **admission.headers}
+            response = await self._forward(request, backend, admission.body, dialect, request_id, headers, observer)
+        finally:
+            admission.release()
         if observer is not None and count is not None and response.status == 200:
             await self._observe(parsed, backend, count, observer.prompt_tokens())
         return response

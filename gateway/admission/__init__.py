@@ -1,0 +1,47 @@
+"""Sequence-level admission: does this request's KV fit its model's pool now, later or never?
+
+plan(cost, pool, snapshot, policy) -> Admit | Wait | Reject      pure (planner.py)
+Ledger: reserve / release / snapshot per (backend, model)        bookkeeping (ledger.py)
+WaitingRoom: admit / acquire / release / stats                   the only async part (waiting_room.py)
+"""
+
+from gateway.admission.errors import AdmissionRejected
+from gateway.admission.ledger import Ledger, Reservation
+from gateway.admission.model import (
+    Admit,
+    Decision,
+    LedgerSnapshot,
+    Policy,
+    PoolKey,
+    PoolSpec,
+    Reject,
+    RequestCost,
+    Rewrites,
+    Wait,
+)
+from gateway.admission.permit import Permit
+from gateway.admission.planner import plan, reserved_prompt_tokens
+from gateway.admission.stats import QueueStats, WaiterView
+from gateway.admission.waiting_room import WaitingRoom
+
+__all__ = [
+    "AdmissionRejected",
+    "Admit",
+    "Decision",
+    "Ledger",
+    "LedgerSnapshot",
+    "Permit",
+    "Policy",
+    "PoolKey",
+    "PoolSpec",
+    "QueueStats",
+    "Reject",
+    "RequestCost",
+    "Reservation",
+    "Rewrites",
+    "Wait",
+    "WaiterView",
+    "WaitingRoom",
+    "plan",
+    "reserved_prompt_tokens",
+]

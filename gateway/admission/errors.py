@@ -1,0 +1,57 @@
+"""The one exception admission raises, and the rejections only the waiting room can make.
+
+    GatewayError (gateway.errors)
+    └── AdmissionRejected      the Reject it carries decides status and code:
+          400 context_length_exceeded   the planner: prompt (or prompt + output) can't fit one sequence
+          503 queue_full                the pool's queue already holds ``max_queue`` waiters
+          503 queue_timeout             waited ``queue_timeout_s`` without the request fitting
+          499 client_closed_request     the client left while waiting (nobody reads it; for logs and metrics)
+
+Queue timeouts are 503, not 504: nothing upstream was slow, the gateway is at capacity and says so, like Ollama's own
+503 ``server busy``; 504 stays reserved for a backend that did not answer (``BackendTimeout``).
+"""
+
+from __future__ import annotations
+
+from gateway.admission.model import PoolKey, Reject
+from gateway.errors import GatewayError
+
+QUEUE_FULL = "queue_full"
+QUEUE_TIMEOUT = "queue_timeout"
+CLIENT_CLOSED = "client_closed_request"
+
+
+class AdmissionRejected(GatewayError):
+    """Raised by the waiting room when a request is refused; ``reject`` is the decision, rendered by the proxy."""
+
+    def __init__(self, reject: Reject) -> None:
+        super().__init__(reject.message)
+        self.reject = reject
+        self.status = reject.status
+        self.code = reject.code
+
+
+def queue_full(key: PoolKey, queued: int, max_queue: int) -> Reject:
+    return Reject(
+        503,
+        QUEUE_FULL,
+        f"{queued:,} requests are already waiting for {_where(key)}, the limit (max_queue) is {max_queue:,}; "
+        "retry later, or ask the operator to raise max_queue or add capacity",
+    )
+
+
+def queue_timeout(key: PoolKey, waited_s: float, timeout_s: float, reason: str) -> Reject:
+    return Reject(
+        503,
+        QUEUE_TIMEOUT,
+        f"waited {waited_s:.1f} s for {_where(key)}, the limit (queue_timeout_s) is {timeout_s:g} s; still waiting "
+        f"because {reason}; retry later or with a smaller request",
+    )
+
+
+def client_closed(key: PoolKey, waited_s: float) -> Reject:
+    return Reject(499, CLIENT_CLOSED, f"the client left after waiting {waited_s:.1f} s for {_where(key)}")
+
+
+def _where(key: PoolKey) -> str:
+    return f"model '{key.model}' on backend '{key.backend}'"

@@ -1,0 +1,112 @@
+"""The ledger: which sequences hold how many tokens of which pool, right now.
+
+Theory of operation
+-------------------
+For every pool key (backend, model) the ledger keeps the live reservations, and three running totals derived from
+them, so a snapshot costs no scan:
+
+    pool ('gpu0', 'llama3.1:8b'):
+        live:    { #1: 5,120 tokens 'ci' | #2: 2,048 tokens 'web' | #4: 900 tokens 'ci' }
+        totals:  active_sequences = 3,  reserved_tokens = 8,068,  per_tenant_active = {'ci': 2, 'web': 1}
+
+Guarantees:
+- ``reserve`` always succeeds: it records, it does not decide. Whether a reservation fits is the planner's question,
+  asked with a snapshot just before (the waiting room does both without yielding to the event loop in between).
+- ``release`` frees a reservation exactly once. Releasing it again, or releasing one this ledger never issued, is a
+  no-op that returns False, so the completion, error and disconnect paths may all call it without double-freeing.
+- After every step the invariants are asserted: the totals equal what the live reservations add up to, and none is
+  negative. A pool with no live reservation is forgotten.
+
+Single-threaded by design: no locks, no asyncio. The waiting room owns the only instance on the event loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from gateway.admission.model import LedgerSnapshot, PoolKey
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A sequence's hold on a pool: a ledger-unique id, the pool, the tokens it reserved and whose it is."""
+
+    id: int
+    key: PoolKey
+    tokens: int
+    tenant: str
+
+
+@dataclass(slots=True)
+class _Book:
+    live: dict[int, Reservation] = field(default_factory=dict)
+    reserved_tokens: int = 0
+    per_tenant_active: Counter[str] = field(default_factory=Counter)
+
+    def check(self) -> None:
+        assert self.reserved_tokens >= 0, self.reserved_tokens
+        assert self.reserved_tokens == sum(r.tokens for r in self.live.values()), (self.reserved_tokens, self.live)
+        assert self.per_tenant_active == Counter(r.tenant for r in self.live.values()), self.per_tenant_active
+        assert all(count > 0 for count in self.per_tenant_active.values()), self.per_tenant_active
+
+
+class Ledger:
+    """Live reservations per pool key; see the module docstring for the guarantees."""
+
+    def __init__(self) -> None:
+        self._books: dict[PoolKey, _Book] = {}
+        self._ids = itertools.count(1)
+
+    def snapshot(self, key: PoolKey) -> LedgerSnapshot:
+        book = self._books.get(key)
+        if book is None:
+            return LedgerSnapshot()
+        return LedgerSnapshot(len(book.live), book.reserved_tokens, book.per_tenant_active)
+
+    def reserve(self, key: PoolKey, tokens: int, tenant: str) -> Reservation:
+        if tokens < 0:
+            raise ValueError(f"a reservation of {tokens} tokens; it can't be negative")
+        key = PoolKey(*key)
+        reservation = Reservation(next(self._ids), key, tokens, tenant)
+        book = self._books.setdefault(key, _Book())
+        book.live[reservation.id] = reservation
+        book.reserved_tokens += tokens
+        book.per_tenant_active[tenant] += 1
+        book.check()
+        return reservation
+
+    def release(self, reservation: Reservation) -> bool:
+        """Free the reservation; True the first time, False (and nothing changes) on every later call."""
+        book = self._books.get(reservation.key)
+        if book is None or book.live.get(reservation.id) is not reservation:
+            return False
+        del book.live[reservation.id]
+        book.reserved_tokens -= reservation.tokens
+        book.per_tenant_active[reservation.tenant] -= 1
+        if book.per_tenant_active[reservation.tenant] == 0:
+            del book.per_tenant_active[reservation.tenant]
+        book.check()
+        if not book.live:
+            del self._books[reservation.key]
+        return True
+
+    def is_live(self, reservation: Reservation) -> bool:
+        book = self._books.get(reservation.key)
+        return book is not None and book.live.get(reservation.id) is reservation
+
+    def keys(self) -> tuple[PoolKey, ...]:
+        """Pools that hold at least one live reservation."""
+        return tuple(self._books)
+
+    def reservations(self, key: PoolKey) -> Iterator[Reservation]:
+        """The live reservations of one pool, oldest first (for the status page)."""
+        book = self._books.get(key)
+        return iter(tuple(book.live.values()) if book else ())
+
+    def check_invariants(self) -> None:
+        for book in self._books.values():
+            book.check()
+            assert book.live, "an empty book should have been forgotten"

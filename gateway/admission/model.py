@@ -1,0 +1,189 @@
+"""Frozen data of sequence-level admission: the pool, the request's cost, the policy, and the decisions.
+
+Everything here is plain data validated once, at construction; the planner reads it, the ledger and the waiting
+room carry it. Nothing here imports asyncio or aiohttp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal, NamedTuple
+
+BACKEND_KINDS = frozenset({"ollama", "llama-server", "openai"})
+
+
+class PoolKey(NamedTuple):
+    """Which KV pool a request lands in: one loaded model on one backend."""
+
+    backend: str
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """The KV pool of one loaded model, in tokens.
+
+    split   (Ollama: num_ctx x OLLAMA_NUM_PARALLEL; llama-server ``-np N`` without ``-kvu``):
+            ``slots`` private slots of ``slot_ctx_tokens`` cells; a sequence only has to fit its own slot.
+    unified (llama-server's default when ``-np`` is omitted): one pool of ``pool_tokens`` cells; every slot may grow
+            to ``slot_ctx_tokens``, but the SUM of active sequences must fit, or every active request fails at once.
+    """
+
+    backend: str
+    model: str
+    backend_kind: str
+    slot_ctx_tokens: int
+    slots: int
+    unified: bool
+    pool_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.backend_kind not in BACKEND_KINDS:
+            raise ValueError(f"backend_kind is {self.backend_kind!r}; expected one of {sorted(BACKEND_KINDS)}")
+        if self.slot_ctx_tokens < 1 or self.slots < 1:
+            raise ValueError(f"slot_ctx_tokens ({self.slot_ctx_tokens}) and slots ({self.slots}) must be at least 1")
+        if self.pool_tokens < self.slot_ctx_tokens:
+            raise ValueError(
+                f"pool_tokens ({self.pool_tokens}) is smaller than slot_ctx_tokens ({self.slot_ctx_tokens}); "
+                "a sequence could never fit"
+            )
+
+    @classmethod
+    def split_pool(cls, backend: str, model: str, backend_kind: str, *, slot_ctx_tokens: int, slots: int) -> PoolSpec:
+        """Private slots: the pool is exactly ``slot_ctx_tokens * slots``."""
+        return cls(backend, model, backend_kind, slot_ctx_tokens, slots, False, slot_ctx_tokens * slots)
+
+    @classmethod
+    def unified_pool(
+        cls, backend: str, model: str, *, pool_tokens: int, slots: int, slot_ctx_tokens: int | None = None
+    ) -> PoolSpec:
+        """A unified llama-server pool; a slot may grow to the whole pool unless ``--kv-unified-per-slot`` caps it."""
+        slot_ctx = pool_tokens if slot_ctx_tokens is None else slot_ctx_tokens
+        return cls(backend, model, "llama-server", slot_ctx, slots, True, pool_tokens)
+
+    @property
+    def key(self) -> PoolKey:
+        return PoolKey(self.backend, self.model)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCost:
+    """What one request will hold: its prompt (counted or estimated) and the output it may generate.
+
+    ``max_output_tokens`` is the client's limit (``max_tokens``, ``num_predict``), None when it gave none;
+    ``requested_num_ctx`` is Ollama's ``options.num_ctx`` when the client sent one. A higher ``priority`` is served
+    first by the waiting room.
+    """
+
+    prompt_tokens: int
+    prompt_exact: bool
+    max_output_tokens: int | None
+    requested_num_ctx: int | None
+    tenant: str = "default"
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 0:
+            raise ValueError(f"prompt_tokens is {self.prompt_tokens}; it can't be negative")
+        if self.max_output_tokens is not None and self.max_output_tokens < 0:
+            raise ValueError(f"max_output_tokens is {self.max_output_tokens}; use None for 'no limit given'")
+        if self.requested_num_ctx is not None and self.requested_num_ctx < 1:
+            raise ValueError(f"requested_num_ctx is {self.requested_num_ctx}; use None for 'not given'")
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Operator choices for one pool or tenant; built once from configuration.
+
+    - ``estimate_margin``: extra fraction of the prompt reserved when its count is an estimate.
+    - ``pin_num_ctx``: on Ollama, rewrite ``options.num_ctx`` to the loaded slot context, so a client asking for
+      another value never reloads the model (ollama.md section 4.5).
+    - ``clamp_output``: lower the client's max output so prompt + output fit the slot, instead of refusing.
+    - ``per_tenant_max_active``: active sequences one tenant may hold in one pool; more wait.
+    - ``overtake_window_s``: while the head of a queue has waited less than this, smaller requests behind it that fit
+      may go first; after it, nobody passes the head until it fits (no starvation of big requests).
+    """
+
+    default_output_tokens: int = 1024
+    estimate_margin: float = 0.10
+    pin_num_ctx: bool = True
+    clamp_output: bool = True
+    max_queue: int = 256
+    queue_timeout_s: float = 120.0
+    per_tenant_max_active: int | None = None
+    overtake_window_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.default_output_tokens < 0 or self.max_queue < 0:
+            raise ValueError("default_output_tokens and max_queue can't be negative")
+        if not 0.0 <= self.estimate_margin <= 10.0:
+            raise ValueError(f"estimate_margin is {self.estimate_margin}; expected a fraction such as 0.10")
+        if self.queue_timeout_s <= 0 or self.overtake_window_s < 0:
+            raise ValueError("queue_timeout_s must be positive and overtake_window_s not negative")
+        if self.per_tenant_max_active is not None and self.per_tenant_max_active < 1:
+            raise ValueError(f"per_tenant_max_active is {self.per_tenant_max_active}; use None for no cap")
+
+
+def _frozen_counts(counts: Mapping[str, int] | None = None) -> Mapping[str, int]:
+    return MappingProxyType(dict(counts or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSnapshot:
+    """What one pool holds right now: the only live state the planner sees."""
+
+    active_sequences: int = 0
+    reserved_tokens: int = 0
+    per_tenant_active: Mapping[str, int] = field(default_factory=_frozen_counts)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.per_tenant_active, MappingProxyType):
+            object.__setattr__(self, "per_tenant_active", _frozen_counts(self.per_tenant_active))
+
+
+# --- decisions: a closed union, ``Decision = Admit | Wait | Reject`` ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrites:
+    """Fields the proxy must rewrite in the body before forwarding; None leaves the field as the client sent it."""
+
+    num_ctx: int | None = None
+    max_output_tokens: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.num_ctx is not None or self.max_output_tokens is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Forward now, holding ``reserve_tokens`` of the pool; apply ``rewrites``; ``notes`` say why, for operators."""
+
+    reserve_tokens: int
+    rewrites: Rewrites = Rewrites()
+    notes: tuple[str, ...] = ()
+
+
+WaitScope = Literal["pool", "tenant"]
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Not now: the pool (``scope="pool"``) or the tenant's cap (``scope="tenant"``) is full; ask again later."""
+
+    reason: str
+    scope: WaitScope = "pool"
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Refuse with an HTTP status, a stable code and a message naming the limit, the value and what to do."""
+
+    status: int
+    code: str
+    message: str
+
+
+Decision = Admit | Wait | Reject

@@ -1,0 +1,246 @@
+"""The waiting room: the only asynchronous part of admission. It only waits; the planner decides.
+
+Theory of operation
+-------------------
+Every request enters through ``admit``. It joins its pool's queue, ordered by priority (higher first) then arrival,
+and the room *dispatches* that queue: walking it in order, it asks ``plan`` about each waiter with a fresh ledger
+snapshot, reserves for every Admit, fails every Reject, and leaves every Wait in place. A request that fits when it
+arrives (and may pass whoever waits) is therefore admitted without yielding to the event loop. Dispatch runs again
+whenever capacity comes back (``release``) or a waiter leaves, never on a timer.
+
+    pool ('gpu0', 'm'), unified, 32,768 tokens:   | A 20,000 | B 9,000 | free 3,768 |
+    queue (priority, then arrival):               [ C needs 8,000, waited 2 s ] [ D needs 1,000 ] [ E needs 500 ]
+    dispatch:  C waits; D and E may pass C because C has waited less than overtake_window_s.
+               Once C has waited longer, nobody passes it: released tokens accumulate until C fits.
+
+Head-of-line policy. A waiter that does not fit must not block smaller ones forever, nor be starved by a stream of
+them. So a request may overtake a waiter held back by the *pool* only while that waiter has waited less than
+``policy.overtake_window_s`` (5 s by default); once it has waited longer, dispatch stops at it and the queue is strict
+FIFO behind it until enough capacity has been released for it (0 s makes the whole queue strict FIFO). A waiter held
+back by its *tenant's* cap never blocks others: that cap is about fairness between tenants, not capacity. Priorities
+are strict: a steady stream of higher-priority work can delay lower priorities until their ``queue_timeout_s``;
+that is what an operator asks for by setting them.
+
+Guarantees:
+- Between a snapshot and the matching ``reserve`` there is no ``await``, so the pool is never oversubscribed.
+- A waiter leaves the queue exactly once: admitted, rejected, timed out (503 ``queue_timeout`` after
+  ``queue_timeout_s``), its client gone (``is_disconnected`` polled while waiting, or its task cancelled), or refused
+  because the queue already held ``max_queue`` (503 ``queue_full``). If it was admitted in the same instant its task
+  was cancelled, its reservation is released on the spot.
+- ``release`` frees through the ledger, exactly once, and then re-dispatches; ``acquire`` returns a ``Permit`` that
+  makes "exactly once on completion, error or disconnect" the default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.admission import errors
+from gateway.admission.errors import AdmissionRejected
+from gateway.admission.ledger import Ledger, Reservation
+from gateway.admission.model import Admit, Policy, PoolKey, PoolSpec, Reject, RequestCost, Wait
+from gateway.admission.permit import Permit
+from gateway.admission.planner import plan
+from gateway.admission.stats import QueueCounters, QueueStats, WaiterView
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class _Grant:
+    reservation: Reservation
+    admit: Admit
+    waited_s: float
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    seq: int
+    key: PoolKey
+    pool: PoolSpec
+    cost: RequestCost
+    policy: Policy
+    enqueued_at_s: float
+    future: asyncio.Future[_Grant]
+    reason: str = "it has not been planned yet"
+    queued: bool = False  # the first dispatch did not admit it, so it really waited
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return (-self.cost.priority, self.seq)
+
+
+class WaitingRoom:
+    """Queues per pool in front of one ``Ledger``; see the module docstring."""
+
+    def __init__(self, ledger: Ledger, *, clock: Clock = time.monotonic, disconnect_poll_s: float = 0.25) -> None:
+        self._ledger = ledger
+        self._clock = clock
+        self._poll_s = disconnect_poll_s
+        self._queues: dict[PoolKey, list[_Waiter]] = {}
+        self._counters: dict[PoolKey, QueueCounters] = {}
+        self._seq = itertools.count()
+
+    @property
+    def ledger(self) -> Ledger:
+        return self._ledger
+
+    async def admit(
+        self,
+        key: PoolKey | tuple[str, str],
+        pool: PoolSpec,
+        cost: RequestCost,
+        policy: Policy,
+        *,
+        is_disconnected: Callable[[], bool] | None = None,
+    ) -> tuple[Reservation, Admit]:
+        """Wait until the request is admitted and reserved; raise ``AdmissionRejected`` when it never will be."""
+        grant = await self._admit(PoolKey(*key), pool, cost, policy, is_disconnected)
+        return grant.reservation, grant.admit
+
+    async def acquire(
+        self,
+        key: PoolKey | tuple[str, str],
+        pool: PoolSpec,
+        cost: RequestCost,
+        policy: Policy,
+        *,
+        is_disconnected: Callable[[], bool] | None = None,
+    ) -> Permit:
+        """Like ``admit``, but returns a ``Permit`` (a context manager) that releases exactly once."""
+        grant = await self._admit(PoolKey(*key), pool, cost, policy, is_disconnected)
+        return Permit(grant.reservation, grant.admit, grant.waited_s, self.release)
+
+    def release(self, reservation: Reservation) -> bool:
+        """Free the reservation (a no-op after the first call) and let waiters of its pool in."""
+        freed = self._ledger.release(reservation)
+        if freed:
+            self._dispatch(reservation.key)
+        return freed
+
+    def queue_length(self, key: PoolKey | tuple[str, str]) -> int:
+        return len(self._queues.get(PoolKey(*key), ()))
+
+    def stats(self) -> dict[PoolKey, QueueStats]:
+        """Per pool: who waits now and for how long, plus counters since start."""
+        now_s = self._clock()
+        return {
+            key: QueueStats.of(key, tuple(self._view(w, now_s) for w in self._queues.get(key, ())), self._counter(key))
+            for key in (*self._counters, *(k for k in self._queues if k not in self._counters))
+        }
+
+    # --- the queue --------------------------------------------------------------------------------------------------
+
+    async def _admit(
+        self,
+        key: PoolKey,
+        pool: PoolSpec,
+        cost: RequestCost,
+        policy: Policy,
+        is_disconnected: Callable[[], bool] | None,
+    ) -> _Grant:
+        first = plan(cost, pool, self._ledger.snapshot(key), policy)
+        if isinstance(first, Reject):  # rejections never depend on the snapshot: refuse now, not after a wait
+            self._counter(key).rejected_total += 1
+            raise AdmissionRejected(first)
+        future: asyncio.Future[_Grant] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(next(self._seq), key, pool, cost, policy, self._clock(), future)
+        queue = self._queues.setdefault(key, [])
+        bisect.insort(queue, waiter, key=lambda w: w.order)
+        self._dispatch(key)
+        if future.done():
+            return future.result()
+        waiter.queued = True
+        if len(queue) > policy.max_queue:
+            self._remove(waiter)
+            self._counter(key).queue_full_total += 1
+            raise AdmissionRejected(errors.queue_full(key, len(queue), policy.max_queue))
+        try:
+            return await self._wait(waiter, is_disconnected)
+        except asyncio.CancelledError:
+            self._counter(key).left_total += 1
+            self._abandon(waiter)
+            raise
+        except BaseException:
+            self._abandon(waiter)
+            raise
+
+    async def _wait(self, waiter: _Waiter, is_disconnected: Callable[[], bool] | None) -> _Grant:
+        deadline_s = waiter.enqueued_at_s + waiter.policy.queue_timeout_s
+        while not waiter.future.done():
+            remaining_s = deadline_s - self._clock()
+            if remaining_s <= 0:
+                self._counter(waiter.key).timed_out_total += 1
+                waited_s = self._clock() - waiter.enqueued_at_s
+                timeout_s = waiter.policy.queue_timeout_s
+                raise AdmissionRejected(errors.queue_timeout(waiter.key, waited_s, timeout_s, waiter.reason))
+            step_s = remaining_s if is_disconnected is None else min(remaining_s, self._poll_s)
+            await asyncio.wait((waiter.future,), timeout=step_s)
+            if not waiter.future.done() and is_disconnected is not None and is_disconnected():
+                self._counter(waiter.key).left_total += 1
+                raise AdmissionRejected(errors.client_closed(waiter.key, self._clock() - waiter.enqueued_at_s))
+        return waiter.future.result()
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        """The awaiting task is leaving (timeout, disconnect, cancellation): leave no waiter and no reservation."""
+        future = waiter.future
+        if not future.done():
+            self._remove(waiter)
+        elif not future.cancelled() and future.exception() is None:
+            self.release(future.result().reservation)  # admitted in the same instant its task was cancelled
+
+    def _remove(self, waiter: _Waiter) -> bool:
+        queue = self._queues.get(waiter.key, [])
+        try:
+            queue.remove(waiter)
+        except ValueError:
+            return False
+        if not queue:
+            del self._queues[waiter.key]
+        self._dispatch(waiter.key)  # it may have been the head that held the others back
+        return True
+
+    def _dispatch(self, key: PoolKey) -> None:
+        """Walk the queue in order, admitting whoever fits and may pass; see the head-of-line policy above."""
+        queue = self._queues.get(key)
+        if not queue:
+            return
+        now_s = self._clock()
+        for waiter in tuple(queue):
+            decision = plan(waiter.cost, waiter.pool, self._ledger.snapshot(key), waiter.policy)
+            if isinstance(decision, Wait):
+                waiter.reason = decision.reason
+                if decision.scope == "pool" and now_s - waiter.enqueued_at_s >= waiter.policy.overtake_window_s:
+                    break  # it has waited long enough: keep every freed token for it
+                continue
+            queue.remove(waiter)
+            if isinstance(decision, Reject):
+                self._counter(key).rejected_total += 1
+                waiter.future.set_exception(AdmissionRejected(decision))
+            else:
+                waiter.future.set_result(self._grant(waiter, decision, now_s))
+        if not queue:
+            del self._queues[key]
+
+    def _grant(self, waiter: _Waiter, admit: Admit, now_s: float) -> _Grant:
+        reservation = self._ledger.reserve(waiter.key, admit.reserve_tokens, waiter.cost.tenant)
+        counters = self._counter(waiter.key)
+        counters.admitted_total += 1
+        waited_s = 0.0
+        if waiter.queued:
+            waited_s = now_s - waiter.enqueued_at_s
+            counters.count_wait(waited_s)
+            admit = dataclasses.replace(admit, notes=(*admit.notes, f"waited {waited_s:.2f} s in the queue"))
+        return _Grant(reservation, admit, waited_s)
+
+    def _counter(self, key: PoolKey) -> QueueCounters:
+        return self._counters.setdefault(key, QueueCounters())
+
+    def _view(self, waiter: _Waiter, now_s: float) -> WaiterView:
+        return WaiterView(waiter.cost.tenant, waiter.cost.priority, now_s - waiter.enqueued_at_s, waiter.reason)

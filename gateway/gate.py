@@ -1,0 +1,92 @@
+"""The admission step of the request path: cost -> plan -> rewrite -> reserve (or wait, or refuse).
+
+It holds the glue between the proxy and the pure admission core: it builds the request's cost from its count and
+limits, finds the model's KV pool, waits in the waiting room for a permit, and rewrites the body as the planner
+said. The permit travels with the response and is released exactly once, when the response ends for any reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import orjson
+
+from gateway.admission import Permit, Policy, RequestCost, WaitingRoom
+from gateway.backends import Backend
+from gateway.config import AdmissionConfig
+from gateway.domain import Dialect, Operation, ParsedRequest
+from gateway.fitting.rewrite import apply_rewrites
+from gateway.pools import PoolDirectory
+from gateway.tokens import TokenCount
+
+
+def policy_from(config: AdmissionConfig) -> Policy:
+    return Policy(
+        default_output_tokens=config.default_output_tokens,
+        estimate_margin=config.estimate_margin,
+        pin_num_ctx=config.pin_num_ctx,
+        clamp_output=config.clamp_output,
+        max_queue=config.max_queue,
+        queue_timeout_s=config.queue_timeout_s,
+        per_tenant_max_active=config.per_tenant_max_active,
+        overtake_window_s=config.overtake_window_s,
+    )
+
+
+@dataclass
+class Admission:
+    """What to forward: the body (rewritten or the client's own) and headers telling the client what happened."""
+
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    permit: Permit | None = None
+
+    def release(self) -> None:
+        if self.permit is not None:
+            self.permit.release()
+
+
+def _is_unload(parsed: ParsedRequest) -> bool:
+    """Ollama's load/unload requests (no prompt, no messages) hold no sequence."""
+    return parsed.dialect is Dialect.OLLAMA and not parsed.messages and not parsed.prompt
+
+
+class Gate:
+    def __init__(self, config: AdmissionConfig, pools: PoolDirectory, room: WaitingRoom) -> None:
+        self._config = config
+        self._policy = policy_from(config)
+        self._pools = pools
+        self.room = room
+
+    async def admit(
+        self,
+        parsed: ParsedRequest,
+        path: str,
+        raw: bytes,
+        backend: Backend,
+        count: TokenCount | None,
+        is_disconnected: Callable[[], bool],
+    ) -> Admission:
+        if (not self._config.enabled or count is None or parsed.model is None
+                or parsed.operation not in (Operation.CHAT, Operation.GENERATE) or _is_unload(parsed)):
+            return Admission(raw)
+        pool = await self._pools.pool_for(backend, parsed.model)
+        if pool is None:
+            return Admission(raw)
+        limit = parsed.max_output_tokens
+        cost = RequestCost(
+            prompt_tokens=count.tokens,
+            prompt_exact=count.exact,
+            max_output_tokens=limit if limit is not None and limit >= 0 else None,
+            requested_num_ctx=parsed.num_ctx_tokens if (parsed.num_ctx_tokens or 0) > 0 else None,
+        )
+        permit = await self.room.acquire(pool.key, pool, cost, self._policy, is_disconnected=is_disconnected)
+        body, changes = apply_rewrites(parsed, path, permit.admit.rewrites)
+        headers = {
+            "X-Kvgate-Reserved-Tokens": str(permit.admit.reserve_tokens),
+            "X-Kvgate-Queue-Wait": f"{permit.waited_s:.3f}",
+        }
+        if changes:
+            headers["X-Kvgate-Rewrite"] = "; ".join(changes)
+        return Admission(raw if body is None else orjson.dumps(body), headers, permit)

@@ -1,0 +1,270 @@
+"""Table-driven checks of every planner rule, plus properties that hold for any input."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gateway.admission
+from gateway.admission import (
+    Admit,
+    Decision,
+    LedgerSnapshot,
+    Policy,
+    PoolSpec,
+    Reject,
+    RequestCost,
+    Rewrites,
+    Wait,
+    plan,
+    reserved_prompt_tokens,
+)
+
+OLLAMA = PoolSpec.split_pool("gpu0", "llama3.1:8b", "ollama", slot_ctx_tokens=8192, slots=4)
+SPLIT = PoolSpec.split_pool("gpu1", "qwen2.5:7b", "llama-server", slot_ctx_tokens=4096, slots=2)
+UNIFIED = PoolSpec.unified_pool("gpu1", "qwen2.5:7b", pool_tokens=32768, slots=4)
+OPENAI = PoolSpec.split_pool("vllm", "gpt-x", "openai", slot_ctx_tokens=8192, slots=8)
+EMPTY = LedgerSnapshot()
+DEFAULT = Policy()
+NO_CLAMP = Policy(clamp_output=False)
+NO_PIN = Policy(pin_num_ctx=False)
+CAP_2 = Policy(per_tenant_max_active=2)
+
+
+def cost(
+    prompt: int, *, exact: bool = True, out: int | None = 500, num_ctx: int | None = None, tenant: str = "default"
+) -> RequestCost:
+    return RequestCost(prompt, exact, out, num_ctx, tenant)
+
+
+def busy(active: int, reserved_tokens: int = 0, **per_tenant: int) -> LedgerSnapshot:
+    return LedgerSnapshot(active, reserved_tokens, per_tenant)
+
+
+# (request, pool, snapshot, policy) -> (reserve_tokens, rewrites); notes are checked separately.
+ADMITS = [
+    pytest.param(cost(1000, num_ctx=8192), OLLAMA, EMPTY, DEFAULT, 1500, Rewrites(), id="exact-prompt-plus-limit"),
+    pytest.param(cost(1000, exact=False), SPLIT, EMPTY, DEFAULT, 1600, Rewrites(), id="estimate-gets-10pct-margin"),
+    pytest.param(cost(1001, exact=False), SPLIT, EMPTY, DEFAULT, 1102 + 500, Rewrites(), id="margin-rounds-up"),
+    pytest.param(cost(1000, exact=False), SPLIT, EMPTY, Policy(estimate_margin=0), 1500, Rewrites(), id="no-margin"),
+    pytest.param(cost(1000, out=None), SPLIT, EMPTY, DEFAULT, 2024, Rewrites(), id="default-output"),
+    pytest.param(cost(3500, out=None), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(), id="default-output-fills-slot"),
+    pytest.param(cost(3000, out=0), SPLIT, EMPTY, DEFAULT, 3000, Rewrites(), id="zero-output"),
+    pytest.param(cost(3000, out=1096), SPLIT, EMPTY, NO_CLAMP, 4096, Rewrites(), id="output-exactly-fills-slot"),
+    pytest.param(
+        cost(3000, out=2000), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(max_output_tokens=1096), id="output-clamped"
+    ),
+    pytest.param(
+        cost(3000, exact=False, out=2000),
+        SPLIT,
+        EMPTY,
+        DEFAULT,
+        4096,
+        Rewrites(max_output_tokens=796),
+        id="clamp-counts-the-margin",
+    ),
+    pytest.param(cost(4095, out=None), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(), id="longest-prompt-gets-one-token"),
+    pytest.param(cost(3722, exact=False, out=None), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(), id="estimate-just-fits"),
+    pytest.param(cost(1000), OLLAMA, EMPTY, DEFAULT, 1500, Rewrites(num_ctx=8192), id="ollama-pins-absent-num-ctx"),
+    pytest.param(cost(1000, num_ctx=16384), OLLAMA, EMPTY, DEFAULT, 1500, Rewrites(num_ctx=8192), id="pin-larger"),
+    pytest.param(cost(1000, num_ctx=2048), OLLAMA, EMPTY, DEFAULT, 1500, Rewrites(num_ctx=8192), id="pin-smaller"),
+    pytest.param(cost(1000), OLLAMA, EMPTY, NO_PIN, 1500, Rewrites(), id="unpinned-absent-num-ctx"),
+    pytest.param(cost(10000, num_ctx=16384), OLLAMA, EMPTY, NO_PIN, 10500, Rewrites(), id="unpinned-uses-its-ctx"),
+    pytest.param(cost(1000, num_ctx=16384), SPLIT, EMPTY, DEFAULT, 1500, Rewrites(), id="llama-server-ignores-num-ctx"),
+    pytest.param(cost(1000, num_ctx=16384), OPENAI, EMPTY, DEFAULT, 1500, Rewrites(), id="openai-ignores-num-ctx"),
+    pytest.param(cost(1000), SPLIT, busy(1), DEFAULT, 1500, Rewrites(), id="split-free-slot"),
+    pytest.param(cost(4000, out=0), SPLIT, busy(1, 10**9), DEFAULT, 4000, Rewrites(), id="split-ignores-pool-tokens"),
+    pytest.param(cost(1500), UNIFIED, busy(3, 30768), DEFAULT, 2000, Rewrites(), id="unified-exactly-fills-pool"),
+    pytest.param(cost(30000, out=None), UNIFIED, EMPTY, DEFAULT, 31024, Rewrites(), id="unified-slot-is-whole-pool"),
+    pytest.param(cost(10), SPLIT, busy(1, 0, ci=1), CAP_2, 510, Rewrites(), id="tenant-under-cap"),
+    pytest.param(cost(10), SPLIT, busy(1, 0, web=2), CAP_2, 510, Rewrites(), id="other-tenant-at-cap"),
+]
+
+
+@pytest.mark.parametrize(("request_cost", "pool", "snapshot", "policy", "reserve_tokens", "rewrites"), ADMITS)
+def test_admits(
+    request_cost: RequestCost,
+    pool: PoolSpec,
+    snapshot: LedgerSnapshot,
+    policy: Policy,
+    reserve_tokens: int,
+    rewrites: Rewrites,
+) -> None:
+    decision = plan(request_cost, pool, snapshot, policy)
+    assert isinstance(decision, Admit), decision
+    assert (decision.reserve_tokens, decision.rewrites) == (reserve_tokens, rewrites)
+    assert len(decision.notes) >= bool(rewrites.num_ctx) + bool(rewrites.max_output_tokens)  # every rewrite says why
+
+
+WAITS = [
+    pytest.param(cost(10), OLLAMA, busy(4), DEFAULT, "pool", "all 4 sequence slots of model 'llama3.1:8b'", id="slots"),
+    pytest.param(cost(10), UNIFIED, busy(4, 4), DEFAULT, "pool", "all 4 sequence slots", id="unified-slots"),
+    pytest.param(
+        cost(1500), UNIFIED, busy(3, 30769), DEFAULT, "pool", "30,769 of the 32,768 tokens", id="unified-one-over"
+    ),
+    pytest.param(cost(10, tenant="ci"), SPLIT, busy(1, 0, ci=2), CAP_2, "tenant", "tenant 'ci' has 2 of 2", id="cap"),
+    pytest.param(cost(10, tenant="ci"), SPLIT, busy(2, 0, ci=2), CAP_2, "tenant", "tenant 'ci'", id="cap-first"),
+]
+
+
+@pytest.mark.parametrize(("request_cost", "pool", "snapshot", "policy", "scope", "reason"), WAITS)
+def test_waits(
+    request_cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Policy, scope: str, reason: str
+) -> None:
+    decision = plan(request_cost, pool, snapshot, policy)
+    assert isinstance(decision, Wait), decision
+    assert decision.scope == scope
+    assert reason in decision.reason
+
+
+REJECTS = [
+    pytest.param(cost(9214), OLLAMA, EMPTY, DEFAULT, "prompt is 9,214 tokens; model 'llama3.1:8b'", id="ollama-long"),
+    pytest.param(cost(8192), OLLAMA, EMPTY, DEFAULT, "at most 8,191 prompt tokens", id="prompt-equals-context"),
+    pytest.param(cost(3724, exact=False), SPLIT, EMPTY, DEFAULT, "about 3,724 tokens (estimated; 4,097", id="margin"),
+    pytest.param(cost(3723, exact=False), SPLIT, EMPTY, DEFAULT, "(estimated; 4,096 with", id="margin-hits-context"),
+    pytest.param(cost(5000, num_ctx=4096), OLLAMA, EMPTY, NO_PIN, "context of 4,096 tokens", id="unpinned-small-ctx"),
+    pytest.param(cost(3000, out=2000), SPLIT, EMPTY, NO_CLAMP, "lower max output to at most 1,096", id="no-clamp"),
+    pytest.param(cost(40000), UNIFIED, EMPTY, DEFAULT, "context of 32,768 tokens", id="unified"),
+    pytest.param(cost(9000), OLLAMA, busy(4, 0, default=4), CAP_2, "prompt is 9,000", id="reject-beats-wait"),
+]
+
+
+@pytest.mark.parametrize(("request_cost", "pool", "snapshot", "policy", "message"), REJECTS)
+def test_rejects(
+    request_cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Policy, message: str
+) -> None:
+    decision = plan(request_cost, pool, snapshot, policy)
+    assert isinstance(decision, Reject), decision
+    assert (decision.status, decision.code) == (400, "context_length_exceeded")
+    assert message in decision.message
+
+
+def test_reject_message_names_limit_value_and_remedy() -> None:
+    assert plan(cost(9214), OLLAMA, EMPTY, DEFAULT) == Reject(
+        400,
+        "context_length_exceeded",
+        "prompt is 9,214 tokens; model 'llama3.1:8b' on backend 'gpu0' has a context of 8,192 tokens per sequence "
+        "(at most 8,191 prompt tokens); shorten it or ask for a larger context",
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_cost", "policy", "note"),
+    [
+        (
+            cost(10, num_ctx=16384),
+            DEFAULT,
+            "num_ctx 16,384 requested; model loaded with 8,192; pinned to avoid a reload",
+        ),
+        (cost(10, num_ctx=16384), NO_PIN, "num_ctx 16,384 requested; model loaded with 8,192; pin_num_ctx is off"),
+        (cost(10), DEFAULT, "num_ctx not given; set to the loaded 8,192"),
+        (cost(7000, out=2000, num_ctx=8192), DEFAULT, "max output 2,000 tokens requested; only 1,192 fit"),
+        (cost(7800, out=None, num_ctx=8192), DEFAULT, "no output limit given; reserved the 392 tokens left"),
+    ],
+)
+def test_notes_explain_rewrites(request_cost: RequestCost, policy: Policy, note: str) -> None:
+    decision = plan(request_cost, OLLAMA, EMPTY, policy)
+    assert isinstance(decision, Admit)
+    assert any(note in n for n in decision.notes), decision.notes
+
+
+@pytest.mark.parametrize(
+    ("prompt_tokens", "exact", "margin", "expected"),
+    [
+        (1000, True, 0.1, 1000),
+        (1000, False, 0.1, 1100),
+        (1001, False, 0.1, 1102),
+        (0, False, 0.1, 0),
+        (7, False, 1.0, 14),
+    ],
+)
+def test_reserved_prompt_tokens(prompt_tokens: int, exact: bool, margin: float, expected: int) -> None:
+    request_cost = RequestCost(prompt_tokens, exact, None, None)
+    assert reserved_prompt_tokens(request_cost, Policy(estimate_margin=margin)) == expected
+
+
+# --- properties --------------------------------------------------------------------------------------------------
+
+
+@st.composite
+def pools(draw: st.DrawFn) -> PoolSpec:
+    kind = draw(st.sampled_from(["ollama", "llama-server", "openai"]))
+    slot_ctx_tokens, slots, unified = draw(st.integers(1, 4096)), draw(st.integers(1, 8)), draw(st.booleans())
+    pool_tokens = draw(st.integers(slot_ctx_tokens, slot_ctx_tokens * slots)) if unified else slot_ctx_tokens * slots
+    return PoolSpec("b", "m", kind, slot_ctx_tokens, slots, unified, pool_tokens)
+
+
+costs = st.builds(
+    RequestCost,
+    prompt_tokens=st.integers(0, 5000),
+    prompt_exact=st.booleans(),
+    max_output_tokens=st.none() | st.integers(0, 5000),
+    requested_num_ctx=st.none() | st.integers(1, 8192),
+    tenant=st.sampled_from(["a", "b"]),
+)
+snapshots = st.builds(
+    LedgerSnapshot,
+    active_sequences=st.integers(0, 8),
+    reserved_tokens=st.integers(0, 40000),
+    per_tenant_active=st.fixed_dictionaries({"a": st.integers(0, 4), "b": st.integers(0, 4)}),
+)
+policies = st.builds(
+    Policy,
+    default_output_tokens=st.integers(0, 3000),
+    estimate_margin=st.sampled_from([0.0, 0.1, 0.25]),
+    pin_num_ctx=st.booleans(),
+    clamp_output=st.booleans(),
+    per_tenant_max_active=st.none() | st.integers(1, 4),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(costs, pools(), snapshots, policies)
+def test_any_admit_fits_its_sequence_and_pool(
+    request_cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Policy
+) -> None:
+    decision = plan(request_cost, pool, snapshot, policy)
+    assert decision == plan(request_cost, pool, snapshot, policy)  # pure: same inputs, same answer
+    if not isinstance(decision, Admit):
+        return
+    unpinned_ctx = pool.backend_kind == "ollama" and not policy.pin_num_ctx and request_cost.requested_num_ctx
+    context_tokens = request_cost.requested_num_ctx if unpinned_ctx else pool.slot_ctx_tokens
+    assert context_tokens is not None
+    assert reserved_prompt_tokens(request_cost, policy) < context_tokens
+    assert decision.reserve_tokens <= context_tokens
+    assert snapshot.active_sequences < pool.slots
+    if pool.unified:
+        assert snapshot.reserved_tokens + decision.reserve_tokens <= pool.pool_tokens
+    if decision.rewrites.max_output_tokens is not None:
+        assert request_cost.max_output_tokens is not None
+        assert decision.rewrites.max_output_tokens < request_cost.max_output_tokens
+
+
+@settings(max_examples=300, deadline=None)
+@given(costs, pools(), snapshots, policies)
+def test_rejections_never_depend_on_the_snapshot(
+    request_cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Policy
+) -> None:
+    rejected_now = isinstance(plan(request_cost, pool, snapshot, policy), Reject)
+    assert rejected_now == isinstance(plan(request_cost, pool, EMPTY, policy), Reject)
+
+
+def test_an_admitted_sequence_always_fits_an_empty_pool() -> None:
+    decisions: list[Decision] = [plan(cost(p, out=None), UNIFIED, EMPTY, DEFAULT) for p in range(0, 32768, 997)]
+    assert all(isinstance(d, Admit) for d in decisions)
+
+
+@pytest.mark.parametrize("module", ["model", "planner", "ledger"])
+def test_pure_modules_import_no_event_loop_clock_or_logging(module: str) -> None:
+    source = (Path(gateway.admission.__file__).parent / f"{module}.py").read_text()
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
+    }
+    assert not imported & {"asyncio", "aiohttp", "time", "logging", "random", "os"}, imported
