@@ -37,9 +37,6 @@ log = logging.getLogger("gateway.proxy")
 
 MAX_REQUEST_ID_CHARS = 128
 ESTIMATE_COUNTER = "estimate"
-TRUNCATION_RATIO = 0.8
-"""A backend reporting fewer than this share of the counted prompt tokens has cut the prompt (Ollama does so
-silently); such a sample is logged and not learnt from."""
 
 
 def _gone(request: web.Request) -> bool:
@@ -141,15 +138,16 @@ class Proxy:
         return response
 
     async def _observe(self, parsed: ParsedRequest, backend: Backend, count: TokenCount, seen: int | None) -> None:
-        """Learn from the prompt length the backend reported; note a backend that cut the prompt short."""
+        """Learn the model's template overhead from the prompt length the backend reported (the estimator
+        ignores samples below the content's own tokens: those prompts were cut short by the backend)."""
         if seen is None:
             return
-        if seen < count.tokens * TRUNCATION_RATIO:
+        if parsed.num_ctx_tokens is not None and count.tokens > parsed.num_ctx_tokens and seen < count.tokens:
             log.warning(
-                "backend reported %d prompt tokens for a prompt counted at %d: it likely truncated the prompt",
-                seen, count.tokens, extra={"backend": backend.name, "model": parsed.model},
+                "backend reported %d prompt tokens for a prompt counted at %d, over num_ctx %d: it truncated the "
+                "prompt silently", seen, count.tokens, parsed.num_ctx_tokens,
+                extra={"backend": backend.name, "model": parsed.model},
             )
-            return
         await self._counting.calibrate(parsed, backend, seen)
 
     async def _read_body(self, request: web.Request) -> bytes:
