@@ -136,6 +136,9 @@ class AdmissionConfig(_Strict):
     estimate_margin: float = Field(default=0.10, ge=0, le=1, description="extra share reserved for estimated counts")
     pin_num_ctx: bool = True
     clamp_output: bool = True
+    on_too_long: Literal["trim", "reject"] = Field(
+        default="trim", description="a chat too long for the context: drop its oldest history, or refuse it"
+    )
     max_queue: int = Field(default=256, ge=0)
     queue_timeout_s: float = Field(default=120.0, gt=0)
     per_tenant_max_active: int | None = Field(default=None, ge=1)

@@ -7,18 +7,23 @@ said. The permit travels with the response and is released exactly once, when th
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import orjson
 
-from gateway.admission import Permit, Policy, RequestCost, WaitingRoom
+from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, WaitingRoom
+from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
 from gateway.backends import Backend
 from gateway.config import AdmissionConfig
 from gateway.domain import Dialect, Operation, ParsedRequest
 from gateway.fitting.rewrite import apply_rewrites
+from gateway.fitting.trim import trim_history
 from gateway.pools import PoolDirectory
 from gateway.tokens import TokenCount
+
+Recount = Callable[[ParsedRequest], Awaitable[TokenCount | None]]
 
 
 def policy_from(config: AdmissionConfig) -> Policy:
@@ -67,6 +72,7 @@ class Gate:
         backend: Backend,
         count: TokenCount | None,
         is_disconnected: Callable[[], bool],
+        recount: Recount,
     ) -> Admission:
         if (not self._config.enabled or count is None or parsed.model is None
                 or parsed.operation not in (Operation.CHAT, Operation.GENERATE) or _is_unload(parsed)):
@@ -81,12 +87,45 @@ class Gate:
             max_output_tokens=limit if limit is not None and limit >= 0 else None,
             requested_num_ctx=parsed.num_ctx_tokens if (parsed.num_ctx_tokens or 0) > 0 else None,
         )
-        permit = await self.room.acquire(pool.key, pool, cost, self._policy, is_disconnected=is_disconnected)
+        headers: dict[str, str] = {}
+        try:
+            permit = await self.room.acquire(pool.key, pool, cost, self._policy, is_disconnected=is_disconnected)
+        except AdmissionRejected as exc:
+            trimmed = await self._trim(exc, parsed, pool, cost, recount)
+            if trimmed is None:
+                raise
+            parsed, cost, note = trimmed
+            raw = b""  # the body changed: it is re-encoded below
+            headers.update({"X-Kvgate-Trimmed": note, "X-Kvgate-Prompt-Tokens": str(cost.prompt_tokens)})
+            permit = await self.room.acquire(pool.key, pool, cost, self._policy, is_disconnected=is_disconnected)
         body, changes = apply_rewrites(parsed, path, permit.admit.rewrites)
-        headers = {
-            "X-Kvgate-Reserved-Tokens": str(permit.admit.reserve_tokens),
-            "X-Kvgate-Queue-Wait": f"{permit.waited_s:.3f}",
-        }
+        headers["X-Kvgate-Reserved-Tokens"] = str(permit.admit.reserve_tokens)
+        headers["X-Kvgate-Queue-Wait"] = f"{permit.waited_s:.3f}"
         if changes:
             headers["X-Kvgate-Rewrite"] = "; ".join(changes)
+        if body is None and not raw:
+            body = parsed.body
         return Admission(raw if body is None else orjson.dumps(body), headers, permit)
+
+    async def _trim(
+        self, rejected: AdmissionRejected, parsed: ParsedRequest, pool: PoolSpec, cost: RequestCost, recount: Recount
+    ) -> tuple[ParsedRequest, RequestCost, str] | None:
+        """Drop the oldest history so the prompt fits, leaving room for the output; None when it can't."""
+        if rejected.code != CONTEXT_LENGTH_EXCEEDED or self._config.on_too_long != "trim" or not parsed.messages:
+            return None
+        output = min(cost.max_output_tokens or self._config.default_output_tokens, pool.slot_ctx_tokens // 4)
+        margin = 1.0 if cost.prompt_exact else 1.0 + self._config.estimate_margin
+        target = int((pool.slot_ctx_tokens - output - 1) / margin)
+
+        async def count(messages: list[dict[str, Any]]) -> int:
+            counted = await recount(replace(parsed, messages=tuple(messages),
+                                            body={**parsed.body, "messages": messages}))
+            return counted.tokens if counted is not None else 1 << 30
+
+        trimmed = await trim_history(list(parsed.messages), count, target)
+        if trimmed is None:
+            return None
+        body = {**parsed.body, "messages": trimmed.messages}
+        note = trimmed.describe(len(parsed.messages), cost.prompt_tokens)
+        return (replace(parsed, messages=tuple(trimmed.messages), body=body),
+                replace(cost, prompt_tokens=trimmed.prompt_tokens), note)

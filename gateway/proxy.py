@@ -127,7 +127,10 @@ class Proxy:
         observer = None
         if count is not None and count.counter != ESTIMATE_COUNTER and backend.kind is BackendKind.OLLAMA:
             observer = UsageObserver()
-        admission = await self._gate.admit(parsed, request.path, raw, backend, count, lambda: _gone(request))
+        admission = await self._gate.admit(
+            parsed, request.path, raw, backend, count, lambda: _gone(request),
+            lambda changed: self._counting.count(changed, backend),
+        )
         try:
             headers = {**count_headers(count), **admission.headers}
             response = await self._forward(request, backend, admission.body, dialect, request_id, headers, observer)

@@ -132,3 +132,30 @@ async def _post_all_ollama(url: str, bodies: list[dict[str, Any]]) -> list[tuple
                 await response.read()
                 return response.status, float(response.headers["X-Kvgate-Queue-Wait"])
         return await asyncio.gather(*(one(body) for body in bodies))
+
+
+def _long_history(turns: int) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": "You are a patient assistant."}]
+    for turn in range(turns):
+        text = " ".join(f"t{turn}w{i}" for i in range(120))
+        messages += [{"role": "user", "content": text}, {"role": "assistant", "content": text}]
+    return [*messages, {"role": "user", "content": "What did we discuss last?"}]
+
+
+@pytest.mark.parametrize("on_too_long", ["trim", "reject"])
+async def test_a_chat_longer_than_the_context_is_trimmed_visibly_or_refused(sim: str, on_too_long: str) -> None:
+    backend = {"name": "sim", "kind": "ollama", "url": sim, "context_tokens": 4096, "parallel": 1}
+    body = {"model": "llama3.1:8b", "stream": False, "messages": _long_history(30), "options": {"num_predict": 64}}
+    async with running_gateway([backend], admission={"on_too_long": on_too_long}) as url, \
+            aiohttp.ClientSession() as http, http.post(f"{url}/api/chat", json=body) as response:
+        payload = await response.json()
+        headers = response.headers
+    if on_too_long == "reject":
+        assert response.status == 400 and "4,096 tokens per sequence" in payload["error"]
+        return
+    assert response.status == 200, payload
+    assert headers["X-Kvgate-Trimmed"].startswith("dropped the ")
+    assert int(headers["X-Kvgate-Prompt-Tokens"]) < 4096 - 64
+    # the backend saw the whole trimmed prompt: nothing cut silently on top of the announced trim
+    assert payload["prompt_eval_count"] <= int(headers["X-Kvgate-Prompt-Tokens"])
+    assert payload["prompt_eval_count"] > 3000
