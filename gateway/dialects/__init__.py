@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -38,6 +38,20 @@ def _decode_lenient(raw: bytes, error: orjson.JSONDecodeError) -> Any:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
 
 
+class _Renderer(Protocol):
+    def error_body(self, error: GatewayError) -> bytes: ...
+
+    def stream_error_event(self, error: GatewayError) -> bytes: ...
+
+
+_RENDERERS: dict[Dialect, _Renderer] = {
+    Dialect.OLLAMA: ollama,
+    Dialect.OPENAI: openai,
+    Dialect.ANTHROPIC: anthropic,
+    Dialect.LLAMACPP: llamacpp,
+}
+
+
 def parse(dialect: Dialect, operation: Operation, body: dict[str, Any], path: str) -> ParsedRequest:
     if dialect is Dialect.OLLAMA:
         return ollama.parse(operation, body)
@@ -50,21 +64,9 @@ def parse(dialect: Dialect, operation: Operation, body: dict[str, Any], path: st
 
 def error_body(dialect: Dialect, error: GatewayError) -> bytes:
     """The JSON body of an error response in the client's dialect."""
-    if dialect is Dialect.OLLAMA:
-        return ollama.error_body(error)
-    if dialect is Dialect.OPENAI:
-        return openai.error_body(error)
-    if dialect is Dialect.ANTHROPIC:
-        return anthropic.error_body(error)
-    return llamacpp.error_body(error)
+    return _RENDERERS[dialect].error_body(error)
 
 
 def stream_error_event(dialect: Dialect, error: GatewayError) -> bytes:
     """A final stream event carrying an error, for errors after the response headers were sent."""
-    if dialect is Dialect.OLLAMA:
-        return ollama.stream_error_event(error)
-    if dialect is Dialect.OPENAI:
-        return openai.stream_error_event(error)
-    if dialect is Dialect.ANTHROPIC:
-        return anthropic.stream_error_event(error)
-    return llamacpp.stream_error_event(error)
+    return _RENDERERS[dialect].stream_error_event(error)
