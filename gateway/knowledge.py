@@ -16,6 +16,7 @@ from gateway.memory.presets import find_preset, preset_profile
 from gateway.memory.prober import LlamaServerProber, OllamaProber
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.gguf import profile_from_gguf
+from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import CachedVramSource, StaticVramSource, VramReading, VramSource
 from gateway.memory.vram_exporter import ExporterSource
 from gateway.memory.vram_nvml import nvml_source
@@ -51,14 +52,16 @@ class Knowledge:
                               f"and {model!r} is not a preset or a GGUF path")
         return profile
 
-    async def loaded_context(self, backend: Backend, model: str) -> int | None:
-        """Ollama: the per-sequence context the model is loaded with now (/api/ps), None when not loaded."""
+    async def loaded_model(self, backend: Backend, model: str) -> LoadedModel | None:
+        """Ollama: the model as /api/ps shows it loaded now (size, size_vram, context), None when not loaded."""
         prober = self._ollama.setdefault(backend.name, OllamaProber(self._session, backend.settings.url))
         names = {model, f"{model}:latest"}
-        for loaded in await prober.loaded():
-            if loaded.name in names:
-                return loaded.context_tokens
-        return None
+        return next((loaded for loaded in await prober.loaded() if loaded.name in names), None)
+
+    async def loaded_context(self, backend: Backend, model: str) -> int | None:
+        """Ollama: the per-sequence context the model is loaded with now (/api/ps), None when not loaded."""
+        loaded = await self.loaded_model(backend, model)
+        return None if loaded is None else loaded.context_tokens
 
     def vram_source(self, backend: Backend) -> VramSource | None:
         """The backend's configured VRAM source (``vram`` setting), cached for ``vram_refresh_s``."""

@@ -13,11 +13,12 @@ from aiohttp import web
 from gateway import __version__, dialects
 from gateway.backends import Backend, BackendRegistry
 from gateway.counting import COUNTED_OPERATIONS, Counting
-from gateway.domain import Dialect
+from gateway.domain import BackendKind, Dialect
 from gateway.errors import BackendUnavailable, BadRequest, GatewayError
 from gateway.knowledge import Knowledge, local_profile
 from gateway.memory.estimate import estimate, parse_fit_params
 from gateway.memory.kv import parse_cache_type
+from gateway.memory.load_cost import Calibration, calibrate_from_ps, estimate_load_cost
 from gateway.memory.prober import ProbeError
 from gateway.memory.profile import ModelProfile
 from gateway.memory.vram import VramReading, VramUnavailable
@@ -62,6 +63,7 @@ async def _fit(request: web.Request, registry: BackendRegistry, knowledge: Knowl
     profile = await _profile(knowledge, backend, params.model)
     reading, vram_warning = await _vram(knowledge, backend)
     settings = backend.settings
+    calibration = await _calibration(knowledge, backend, params.model, profile)
     try:
         result = estimate(
             profile,
@@ -73,10 +75,12 @@ async def _fit(request: web.Request, registry: BackendRegistry, knowledge: Knowl
             vram_total_bytes=reading.total_bytes if reading else None,
             vram_free_bytes=reading.free_bytes if reading else None,
             unified=bool(settings.unified_kv),
+            calibration=calibration,
         )
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     body = result.to_json()
+    body["calibrated_from"] = calibration.source if calibration else None
     body["backend"] = backend.name
     body["vram_source"] = reading.source if reading else None
     if vram_warning:
@@ -102,6 +106,26 @@ async def _profile(knowledge: Knowledge, backend: Backend, model: str) -> ModelP
         if local is not None:
             return local
         raise BackendUnavailable(f"no profile for {model!r} from {backend.describe()}: {exc}") from None
+
+
+async def _calibration(
+    knowledge: Knowledge, backend: Backend, model: str, profile: ModelProfile
+) -> Calibration | None:
+    """For a model Ollama has loaded: scale the estimate to what /api/ps says the load really took."""
+    if backend.kind is not BackendKind.OLLAMA:
+        return None
+    try:
+        loaded = await knowledge.loaded_model(backend, model)
+    except ProbeError:
+        return None
+    if loaded is None or not loaded.context_tokens or loaded.size_bytes <= 0:
+        return None
+    settings = backend.settings
+    cost = estimate_load_cost(
+        profile, context_tokens=loaded.context_tokens, parallel=settings.parallel or 1,
+        type_k=parse_cache_type(settings.cache_type_k), type_v=parse_cache_type(settings.cache_type_v),
+    )
+    return calibrate_from_ps(cost, size_bytes=loaded.size_bytes, size_vram_bytes=loaded.size_vram_bytes)
 
 
 async def _vram(knowledge: Knowledge, backend: Backend) -> tuple[VramReading | None, str | None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import AsyncIterator
 
@@ -67,3 +68,32 @@ async def test_fit_refuses_nonsense_naming_the_value(gateway: str, query: str, e
     assert status == 400
     error = body["error"]
     assert isinstance(error, dict) and expected in str(error["message"])
+
+
+async def test_fit_against_the_simulator_uses_its_profile_live_vram_and_ps_calibration() -> None:
+    from gateway.sim.config import SimConfig
+    from gateway.sim.runner import start_sim
+
+    runner, sim = await start_sim(SimConfig(models=("llama3.1:8b", "qwen2.5:7b"), load_s=0.05, time_scale=50.0))
+    backend = {"name": "sim", "url": sim, "vram": "sim", "vram_refresh_s": 0.01, "parallel": 1}
+    try:
+        async with running_gateway([backend]) as url:
+            _, before = await _fit(url, "model=llama3.1:8b&context=8192")
+            assert before["source"] == "ollama" and before["calibrated_from"] is None
+            assert before["vram_free_bytes"] == 24 * GIB and before["vram_source"] == "sim"
+            async with aiohttp.ClientSession() as http, http.post(
+                f"{sim}/api/generate", json={"model": "qwen2.5:7b", "prompt": "", "options": {"num_ctx": 8192}}
+            ) as response:
+                assert response.status == 200  # loads qwen: the GPU has less free now
+            await asyncio.sleep(0.05)  # older than vram_refresh_s
+            _, after = await _fit(url, "model=llama3.1:8b&context=8192")
+            assert isinstance(after["vram_free_bytes"], int) and after["vram_free_bytes"] < 24 * GIB - 4 * GIB
+            async with aiohttp.ClientSession() as http, http.post(
+                f"{sim}/api/generate", json={"model": "llama3.1:8b", "prompt": "", "options": {"num_ctx": 8192}}
+            ) as response:
+                assert response.status == 200
+            _, loaded = await _fit(url, "model=llama3.1:8b&context=8192")
+            assert loaded["calibrated_from"] == "ollama /api/ps"
+            assert loaded["kv_bytes"] == GIB
+    finally:
+        await runner.cleanup()
