@@ -88,7 +88,10 @@ class FakeLLM:
             return web.Response(text="Ollama is running")
         if path.startswith("/api/blobs/"):
             return web.Response(status=201)
-        request_json: dict[str, Any] = json.loads(body.decode("utf-8", "surrogateescape")) if body else {}
+        try:
+            request_json: dict[str, Any] = json.loads(body.decode("utf-8", "surrogateescape")) if body else {}
+        except ValueError:
+            request_json = {}
         model = request_json.get("model", "")
         if path in ("/api/embed", "/v1/embeddings", "/api/embeddings"):
             return self._embedding(path, model)
