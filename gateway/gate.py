@@ -11,14 +11,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import orjson
-
 from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, WaitingRoom
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
 from gateway.backends import Backend
 from gateway.config import AdmissionConfig
 from gateway.domain import Dialect, Operation, ParsedRequest
-from gateway.fitting.rewrite import apply_rewrites
+from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.fitting.trim import trim_history
 from gateway.pools import PoolDirectory
 from gateway.tokens import TokenCount
@@ -88,6 +86,7 @@ class Gate:
             requested_num_ctx=parsed.num_ctx_tokens if (parsed.num_ctx_tokens or 0) > 0 else None,
         )
         headers: dict[str, str] = {}
+        trimmed_body = False
         try:
             permit = await self.room.acquire(pool.key, pool, cost, self._policy, is_disconnected=is_disconnected)
         except AdmissionRejected as exc:
@@ -95,17 +94,22 @@ class Gate:
             if trimmed is None:
                 raise
             parsed, cost, note = trimmed
-            raw = b""  # the body changed: it is re-encoded below
+            trimmed_body = True
             headers.update({"X-Kvgate-Trimmed": note, "X-Kvgate-Prompt-Tokens": str(cost.prompt_tokens)})
             permit = await self.room.acquire(pool.key, pool, cost, self._policy, is_disconnected=is_disconnected)
-        body, changes = apply_rewrites(parsed, path, permit.admit.rewrites)
+        try:
+            body, changes = apply_rewrites(parsed, path, permit.admit.rewrites)
+            if body is None and trimmed_body:
+                body = parsed.body
+            forwarded = raw if body is None else encode_body(body)
+        except BaseException:
+            permit.release()
+            raise
         headers["X-Kvgate-Reserved-Tokens"] = str(permit.admit.reserve_tokens)
         headers["X-Kvgate-Queue-Wait"] = f"{permit.waited_s:.3f}"
         if changes:
             headers["X-Kvgate-Rewrite"] = "; ".join(changes)
-        if body is None and not raw:
-            body = parsed.body
-        return Admission(raw if body is None else orjson.dumps(body), headers, permit)
+        return Admission(forwarded, headers, permit)
 
     async def _trim(
         self, rejected: AdmissionRejected, parsed: ParsedRequest, pool: PoolSpec, cost: RequestCost, recount: Recount

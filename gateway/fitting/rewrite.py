@@ -15,6 +15,8 @@ Every other field, known or not, is kept. Each change is described for the X-Kvg
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 import orjson
@@ -56,7 +58,7 @@ def apply_rewrites(parsed: ParsedRequest, path: str, rewrites: Rewrites) -> tupl
     """The body to forward (None when nothing changed) and a description of each change."""
     if not rewrites:
         return None, []
-    body = orjson.loads(orjson.dumps(parsed.body))  # a deep copy; parsed.body stays as the client sent it
+    body = copy.deepcopy(parsed.body)  # parsed.body stays as the client sent it
     changes: list[str] = []
     if rewrites.num_ctx is not None and parsed.dialect is Dialect.OLLAMA:
         previous = _set(body, ("options", "num_ctx"), rewrites.num_ctx)
@@ -72,3 +74,11 @@ def apply_rewrites(parsed: ParsedRequest, path: str, rewrites: Rewrites) -> tupl
 
 def _shown(value: Any) -> str:
     return "unset" if value is None else str(value)
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """JSON bytes for a rewritten body; strings that held invalid UTF-8 go back out as the bytes that came in."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # orjson refuses lone surrogates, which kvgate's lenient decoding produces
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
