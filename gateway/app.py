@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hmac
+import ipaddress
 import time
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
+from pydantic import SecretStr
 
 from gateway import kvgate_api
 from gateway.admission import Ledger, WaitingRoom
@@ -19,6 +22,7 @@ from gateway.counting import Counting
 from gateway.gate import Gate
 from gateway.knowledge import Knowledge
 from gateway.memory.vram import VramSource
+from gateway.observability.metrics import CONTENT_TYPE, Metrics
 from gateway.pools import PoolDirectory
 from gateway.proxy import Proxy
 from gateway.routes import FALLBACK, ROUTES, Route
@@ -30,6 +34,9 @@ PROXY = web.AppKey("proxy", Proxy)
 KNOWLEDGE = web.AppKey("knowledge", Knowledge)
 COUNTING = web.AppKey("counting", Counting)
 GATE = web.AppKey("gate", Gate)
+POOLS = web.AppKey("pools", PoolDirectory)
+METRICS = web.AppKey("metrics", Metrics)
+STARTED = web.AppKey("started", float)
 
 SessionFactory = Callable[[], aiohttp.ClientSession]
 
@@ -56,6 +63,9 @@ def create_app(
     """Build the gateway. Every seam a test needs is a parameter."""
     app = web.Application(client_max_size=int(settings.server.max_body_bytes) + 1)
     app[SETTINGS] = settings
+    metrics = Metrics()
+    app[METRICS] = metrics
+    app[STARTED] = clock()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         session = session_factory()
@@ -64,8 +74,12 @@ def create_app(
         app[REGISTRY] = registry
         app[COUNTING] = Counting(settings, session)
         app[KNOWLEDGE] = Knowledge(session, vram_sources)
-        app[GATE] = Gate(settings.admission, PoolDirectory(settings, app[KNOWLEDGE]), WaitingRoom(Ledger()))
-        app[PROXY] = Proxy(settings, registry, session, app[COUNTING], app[GATE])
+        pools = PoolDirectory(settings, app[KNOWLEDGE])
+        room = WaitingRoom(Ledger())
+        app[GATE] = Gate(settings.admission, pools, room)
+        metrics.watch_pools(room, pools.known)
+        app[POOLS] = pools
+        app[PROXY] = Proxy(settings, registry, session, app[COUNTING], app[GATE], metrics)
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
         yield
         if refresher is not None:
@@ -78,11 +92,52 @@ def create_app(
     app.router.add_get("/kvgate/health", kvgate_api.health, allow_head=True)
     app.router.add_get("/kvgate/fit", kvgate_api.fit_handler(lambda r: (r.app[REGISTRY], r.app[KNOWLEDGE])))
     app.router.add_post("/kvgate/count", kvgate_api.count_handler(lambda r: (r.app[REGISTRY], r.app[COUNTING])))
+    app.router.add_get("/kvgate/metrics", _metrics)
+    app.router.add_get("/kvgate/status", _status)
     for route in ROUTES:
         for method in route.methods:
             app.router.add_route(method, route.path, functools.partial(_proxied, route=route))
     app.router.add_route("*", FALLBACK.path, functools.partial(_proxied, route=FALLBACK))
     return app
+
+
+def admin_allowed(request: web.Request, admin_key: SecretStr | None) -> bool:
+    """With an admin key: the request must carry it (compared in constant time). Without: loopback clients only."""
+    if admin_key is None:
+        remote = request.remote or ""
+        try:
+            return ipaddress.ip_address(remote).is_loopback
+        except ValueError:
+            return False
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").encode()
+    return hmac.compare_digest(given, admin_key.get_secret_value().encode())
+
+
+def _forbidden() -> web.Response:
+    return web.json_response(
+        {"error": {"message": "this kvgate route needs the admin key (server.admin_key) as a Bearer token, or a "
+                              "loopback client when none is set", "type": "permission_error", "param": None,
+                   "code": "admin_only"}},
+        status=403,
+    )
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    if not admin_allowed(request, request.app[SETTINGS].server.admin_key):
+        return _forbidden()
+    body = request.app[METRICS].exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def _status(request: web.Request) -> web.Response:
+    if not admin_allowed(request, request.app[SETTINGS].server.admin_key):
+        return _forbidden()
+    app = request.app
+    status = kvgate_api.status_snapshot(app[REGISTRY], app[GATE].room, app[POOLS].known(), time.monotonic()
+                                        - app[STARTED])
+    if "text/html" in request.headers.get("Accept", ""):
+        return web.Response(text=kvgate_api.status_html(status), content_type="text/html")
+    return web.json_response(status)
 
 
 async def _proxied(request: web.Request, *, route: Route) -> web.StreamResponse:

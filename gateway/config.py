@@ -104,6 +104,9 @@ class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
     max_body_bytes: ByteSize = Field(default=ByteSize(32 * 1024 * 1024), gt=0)
+    admin_key: SecretStr | None = Field(
+        default=None, description="bearer key for /kvgate/status and /kvgate/metrics; unset: loopback clients only"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"
 

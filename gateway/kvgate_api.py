@@ -5,12 +5,15 @@ Errors use OpenAI's error shape (the most common client), with the parameter nam
 
 from __future__ import annotations
 
+import html
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
 from gateway import __version__, dialects
+from gateway.admission import PoolKey, PoolSpec, WaitingRoom
 from gateway.backends import Backend, BackendRegistry
 from gateway.counting import COUNTED_OPERATIONS, Counting
 from gateway.domain import BackendKind, Dialect
@@ -161,3 +164,60 @@ def count_handler(deps: CountDeps) -> Callable[[web.Request], Awaitable[web.Resp
         })
 
     return count
+
+
+def status_snapshot(
+    registry: BackendRegistry, room: WaitingRoom, pools: dict[tuple[str, str], PoolSpec], uptime_s: float
+) -> dict[str, Any]:
+    """Backends, their models, and every KV pool with its reservations and queue, as JSON."""
+    stats = room.stats()
+    pool_rows = []
+    for key in sorted({*pools, *room.ledger.keys(), *stats}):
+        pool_key = PoolKey(*key)
+        snapshot = room.ledger.snapshot(pool_key)
+        spec = pools.get(key)
+        stat = stats.get(pool_key)
+        pool_rows.append({
+            "backend": key[0], "model": key[1],
+            "kind": "unified" if spec and spec.unified else "split" if spec else None,
+            "slots": spec.slots if spec else None,
+            "slot_context_tokens": spec.slot_ctx_tokens if spec else None,
+            "capacity_tokens": spec.pool_tokens if spec else None,
+            "active_sequences": snapshot.active_sequences,
+            "reserved_tokens": snapshot.reserved_tokens,
+            "queued": stat.queued if stat else 0,
+            "oldest_wait_s": round(stat.oldest_waited_s, 3) if stat else 0.0,
+            "admitted_total": stat.admitted_total if stat else 0,
+            "refused_total": (stat.rejected_total + stat.queue_full_total + stat.timed_out_total) if stat else 0,
+        })
+    return {
+        "version": __version__,
+        "uptime_s": round(uptime_s, 1),
+        "backends": [
+            {"name": b.name, "kind": str(b.kind), "url": b.settings.url, "models": sorted(b.models),
+             "last_error": b.last_error}
+            for b in registry.backends
+        ],
+        "pools": pool_rows,
+    }
+
+
+def status_html(status: dict[str, Any]) -> str:
+    """The same, as a page a person can read."""
+    def cells(values: list[Any], tag: str = "td") -> str:
+        return "".join(f"<{tag}>{html.escape(str(v))}</{tag}>" for v in values)
+
+    pool_columns = ["backend", "model", "kind", "slots", "slot_context_tokens", "capacity_tokens", "active_sequences",
+                    "reserved_tokens", "queued", "oldest_wait_s", "admitted_total", "refused_total"]
+    backend_rows = "".join(
+        f"<tr>{cells([b['name'], b['kind'], b['url'], ', '.join(b['models']), b['last_error'] or ''])}</tr>"
+        for b in status["backends"])
+    pool_rows = "".join(f"<tr>{cells([p[c] for c in pool_columns])}</tr>" for p in status["pools"])
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>kvgate status</title>"
+        "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:left}</style></head><body>"
+        f"<h1>kvgate {html.escape(status['version'])}</h1><p>up {status['uptime_s']} s</p>"
+        f"<h2>Backends</h2><table><tr>{cells(['name', 'kind', 'url', 'models', 'last error'], 'th')}</tr>"
+        f"{backend_rows}</table>"
+        f"<h2>KV pools</h2><table><tr>{cells(pool_columns, 'th')}</tr>{pool_rows}</table></body></html>"
+    )

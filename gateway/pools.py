@@ -100,6 +100,10 @@ class PoolDirectory:
                  context)
         return context
 
+    def known(self) -> dict[tuple[str, str], PoolSpec]:
+        """Every pool probed so far (for metrics and the status page)."""
+        return {key: pool for key, (_, pool) in self._cache.items() if pool is not None}
+
     def forget(self, backend: Backend, model: str) -> None:
         """Drop a cached layout (after the backend reported a context error, say)."""
         self._cache.pop((backend.name, model), None)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from gateway import dialects
+from gateway.admission import AdmissionRejected
 from gateway.backends import Backend, BackendRegistry, models
 from gateway.config import Settings
 from gateway.counting import Counting, count_headers
@@ -28,6 +29,7 @@ from gateway.errors import BackendTimeout, BackendUnavailable, GatewayError, Int
 from gateway.gate import Gate
 from gateway.headers import REQUEST_ID, upstream_request_headers
 from gateway.observability.logs import request_id_var
+from gateway.observability.metrics import Metrics, record
 from gateway.routes import FALLBACK, Handling, Route, fallback_dialect
 from gateway.streaming import relay
 from gateway.tokens import TokenCount
@@ -60,6 +62,7 @@ class Proxy:
         session: aiohttp.ClientSession,
         counting: Counting,
         gate: Gate,
+        metrics: Metrics,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._settings = settings
@@ -67,6 +70,7 @@ class Proxy:
         self._session = session
         self._counting = counting
         self._gate = gate
+        self._metrics = metrics
         self._clock = clock
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
@@ -76,13 +80,16 @@ class Proxy:
         started_s = self._clock()
         status = 0
         detail: dict[str, object] = {}
+        headers: Mapping[str, str] = {}
         try:
             response = await self._dispatch(request, route, dialect, request_id)
-            status = response.status
+            status, headers = response.status, response.headers
             return response
         except GatewayError as exc:
             status = exc.status
             detail["error"] = exc.message
+            if isinstance(exc, AdmissionRejected):
+                self._metrics.decisions.labels("-", "refused").inc()
             return self._error_response(dialect, exc, request_id)
         except asyncio.CancelledError:
             status = 499
@@ -94,10 +101,10 @@ class Proxy:
             return self._error_response(dialect, InternalError(f"internal error in kvgate (request {request_id})"),
                                         request_id)
         finally:
-            log.info(
-                "%s %s %d", request.method, request.path, status,
-                extra={"duration_ms": round((self._clock() - started_s) * 1000, 2), **detail},
-            )
+            elapsed_s = self._clock() - started_s
+            log.info("%s %s %d", request.method, request.path, status,
+                     extra={"duration_ms": round(elapsed_s * 1000, 2), **detail})
+            record(self._metrics, route.path if route is not FALLBACK else "other", status, elapsed_s, headers)
             request_id_var.reset(token)
 
     def _error_response(self, dialect: Dialect, error: GatewayError, request_id: str) -> web.Response:

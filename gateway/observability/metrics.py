@@ -1,0 +1,98 @@
+"""Prometheus metrics: what kvgate decided, per request, and the live state of every KV pool and queue.
+
+Request-level counters are recorded at the proxy's one boundary; pool and queue gauges are read from the waiting
+room when scraped (``GET /kvgate/metrics``), so they can never drift from the ledger.
+
+    kvgate_requests_total{route,backend,status}          requests answered, by route template
+    kvgate_request_duration_seconds{route}               time to the end of the response
+    kvgate_prompt_tokens_total{backend,counter,exact}    prompt tokens counted
+    kvgate_decisions_total{backend,decision}             admitted | queued | rewritten | trimmed | refused
+    kvgate_pool_active_sequences{backend,model}          sequences holding a reservation now
+    kvgate_pool_reserved_tokens{backend,model}           KV cells reserved now
+    kvgate_pool_capacity_tokens{backend,model}           the pool's size
+    kvgate_queue_length{backend,model}                   requests waiting now
+    kvgate_queue_wait_seconds_total{backend,model}       summed waits of admitted requests
+    kvgate_queue_rejected_total{backend,model,reason}    queue_full | queue_timeout | context
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.admission import PoolSpec, WaitingRoom
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _PoolCollector(Collector):
+    def __init__(self, room: WaitingRoom, pools: Callable[[], dict[tuple[str, str], PoolSpec]]) -> None:
+        self._room = room
+        self._pools = pools
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["backend", "model"]
+        active = GaugeMetricFamily("kvgate_pool_active_sequences", "Sequences holding a reservation", labels=labels)
+        reserved = GaugeMetricFamily("kvgate_pool_reserved_tokens", "KV cells reserved now", labels=labels)
+        capacity = GaugeMetricFamily("kvgate_pool_capacity_tokens", "KV cells in the pool", labels=labels)
+        queued = GaugeMetricFamily("kvgate_queue_length", "Requests waiting for the pool", labels=labels)
+        waited = CounterMetricFamily("kvgate_queue_wait_seconds", "Summed waits of admitted requests",
+                                     labels=labels)
+        rejected = CounterMetricFamily("kvgate_queue_rejected", "Requests the queue refused",
+                                       labels=[*labels, "reason"])
+        for (backend, model), pool in self._pools().items():
+            capacity.add_metric([backend, model], pool.pool_tokens)
+        ledger = self._room.ledger
+        stats = self._room.stats()
+        for key in {*ledger.keys(), *stats}:
+            snapshot = ledger.snapshot(key)
+            active.add_metric(list(key), snapshot.active_sequences)
+            reserved.add_metric(list(key), snapshot.reserved_tokens)
+        for key, stat in stats.items():
+            queued.add_metric(list(key), stat.queued)
+            waited.add_metric(list(key), stat.waited_s_total)
+            rejected.add_metric([*key, "queue_full"], stat.queue_full_total)
+            rejected.add_metric([*key, "queue_timeout"], stat.timed_out_total)
+            rejected.add_metric([*key, "context"], stat.rejected_total)
+        yield from (active, reserved, capacity, queued, waited, rejected)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("kvgate_requests", "Requests answered", ["route", "backend", "status"],
+                                registry=self.registry)
+        self.duration = Histogram("kvgate_request_duration_seconds", "Time to the end of the response", ["route"],
+                                  registry=self.registry,
+                                  buckets=(0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+        self.prompt_tokens = Counter("kvgate_prompt_tokens", "Prompt tokens counted", ["backend", "counter", "exact"],
+                                     registry=self.registry)
+        self.decisions = Counter("kvgate_decisions", "What admission did", ["backend", "decision"],
+                                 registry=self.registry)
+
+    def watch_pools(self, room: WaitingRoom, pools: Callable[[], dict[tuple[str, str], PoolSpec]]) -> None:
+        self.registry.register(_PoolCollector(room, pools))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def record(metrics: Metrics, route: str, status: int, elapsed_s: float, headers: Mapping[str, str]) -> None:
+    """Count one answered request; what admission did is read back from the headers that told the client."""
+    backend = headers.get("X-Kvgate-Backend", "-")
+    metrics.requests.labels(route, backend, str(status)).inc()
+    metrics.duration.labels(route).observe(elapsed_s)
+    tokens = headers.get("X-Kvgate-Prompt-Tokens")
+    if tokens is not None:
+        counter, _, exact = headers.get("X-Kvgate-Counter", "-; -").partition("; ")
+        metrics.prompt_tokens.labels(backend, counter, exact).inc(int(tokens))
+    if "X-Kvgate-Reserved-Tokens" in headers:
+        metrics.decisions.labels(backend, "admitted").inc()
+        if float(headers.get("X-Kvgate-Queue-Wait", "0")) > 0:
+            metrics.decisions.labels(backend, "queued").inc()
+    for header, decision in (("X-Kvgate-Rewrite", "rewritten"), ("X-Kvgate-Trimmed", "trimmed")):
+        if header in headers:
+            metrics.decisions.labels(backend, decision).inc()
