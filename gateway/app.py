@@ -8,17 +8,19 @@ import functools
 import hmac
 import ipaddress
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
 from pydantic import SecretStr
 
-from gateway import kvgate_api
+from gateway import dialects, kvgate_api
 from gateway.admission import Ledger, WaitingRoom
 from gateway.backends import BackendRegistry
 from gateway.config import Settings
 from gateway.counting import Counting
+from gateway.domain import Dialect
+from gateway.errors import GatewayError
 from gateway.gate import Gate
 from gateway.knowledge import Knowledge
 from gateway.memory.vram import VramSource
@@ -26,6 +28,7 @@ from gateway.observability.metrics import CONTENT_TYPE, Metrics
 from gateway.pools import PoolDirectory
 from gateway.proxy import Proxy
 from gateway.routes import FALLBACK, ROUTES, Route
+from gateway.tenants import TenantDirectory
 
 SETTINGS = web.AppKey("settings", Settings)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
@@ -37,6 +40,7 @@ GATE = web.AppKey("gate", Gate)
 POOLS = web.AppKey("pools", PoolDirectory)
 METRICS = web.AppKey("metrics", Metrics)
 STARTED = web.AppKey("started", float)
+TENANTS = web.AppKey("tenants", TenantDirectory)
 
 SessionFactory = Callable[[], aiohttp.ClientSession]
 
@@ -65,6 +69,8 @@ def create_app(
     app[SETTINGS] = settings
     metrics = Metrics()
     app[METRICS] = metrics
+    tenants = TenantDirectory(settings)
+    app[TENANTS] = tenants
     app[STARTED] = clock()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -79,7 +85,7 @@ def create_app(
         app[GATE] = Gate(settings.admission, pools, room)
         metrics.watch_pools(room, pools.known)
         app[POOLS] = pools
-        app[PROXY] = Proxy(settings, registry, session, app[COUNTING], app[GATE], metrics)
+        app[PROXY] = Proxy(settings, registry, session, app[COUNTING], app[GATE], metrics, tenants)
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
         yield
         if refresher is not None:
@@ -90,8 +96,10 @@ def create_app(
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/kvgate/health", kvgate_api.health, allow_head=True)
-    app.router.add_get("/kvgate/fit", kvgate_api.fit_handler(lambda r: (r.app[REGISTRY], r.app[KNOWLEDGE])))
-    app.router.add_post("/kvgate/count", kvgate_api.count_handler(lambda r: (r.app[REGISTRY], r.app[COUNTING])))
+    fit = kvgate_api.fit_handler(lambda r: (r.app[REGISTRY], r.app[KNOWLEDGE]))
+    count = kvgate_api.count_handler(lambda r: (r.app[REGISTRY], r.app[COUNTING]))
+    app.router.add_get("/kvgate/fit", _for_tenants(fit))
+    app.router.add_post("/kvgate/count", _for_tenants(count))
     app.router.add_get("/kvgate/metrics", _metrics)
     app.router.add_get("/kvgate/status", _status)
     for route in ROUTES:
@@ -99,6 +107,23 @@ def create_app(
             app.router.add_route(method, route.path, functools.partial(_proxied, route=route))
     app.router.add_route("*", FALLBACK.path, functools.partial(_proxied, route=FALLBACK))
     return app
+
+
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+def _for_tenants(handler: Handler) -> Handler:
+    """kvgate's own client routes take the same API keys as the proxied ones."""
+
+    async def checked(request: web.Request) -> web.Response:
+        try:
+            request.app[TENANTS].identify(request.headers)
+        except GatewayError as exc:
+            return web.Response(status=exc.status, body=dialects.error_body(Dialect.OPENAI, exc),
+                                content_type="application/json")
+        return await handler(request)
+
+    return checked
 
 
 def admin_allowed(request: web.Request, admin_key: SecretStr | None) -> bool:

@@ -8,6 +8,7 @@ is allowed.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,6 +34,7 @@ DEFAULT_PORT = 11435
 """kvgate listens next to Ollama's 11434 by default, so clients change one digit."""
 
 DEFAULT_BACKEND_URL = "http://127.0.0.1:11434"
+_TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 class ConfigError(Exception):
@@ -104,6 +106,7 @@ class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
     max_body_bytes: ByteSize = Field(default=ByteSize(32 * 1024 * 1024), gt=0)
+    require_api_key: bool = Field(default=False, description="refuse requests without a tenant's API key")
     admin_key: SecretStr | None = Field(
         default=None, description="bearer key for /kvgate/status and /kvgate/metrics; unset: loopback clients only"
     )
@@ -129,6 +132,17 @@ class CountingConfig(_Strict):
     estimate_bytes_per_token: float = Field(default=3.0, gt=0)
     estimate_safety_margin: float = Field(default=0.10, ge=0, le=1)
     default_image_tokens: int = Field(default=768, ge=0)
+
+
+class TenantSettings(_Strict):
+    """A team or a client: its API keys and its caps. Requests carry a key as ``Authorization: Bearer`` or
+    ``X-Api-Key``."""
+
+    api_keys: tuple[SecretStr, ...] = ()
+    max_active: int | None = Field(default=None, ge=1, description="sequences at once, per model")
+    max_prompt_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    priority: int = Field(default=0, description="higher is served first from the queue")
 
 
 class AdmissionConfig(_Strict):
@@ -166,6 +180,7 @@ class Settings(BaseSettings):
     models_refresh_s: float = Field(default=30.0, gt=0)
     counting: CountingConfig = CountingConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    tenants: dict[str, TenantSettings] = Field(default_factory=dict, description="API key -> tenant, with caps")
     models: dict[str, ModelSettings] = Field(default_factory=dict, description="per-model settings, by name")
 
     @model_validator(mode="after")
@@ -176,6 +191,14 @@ class Settings(BaseSettings):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"backend names must be unique; repeated: {', '.join(duplicates)}")
+        keys = [key.get_secret_value() for tenant in self.tenants.values() for key in tenant.api_keys]
+        if len(keys) != len(set(keys)):
+            raise ValueError("an API key belongs to more than one tenant; give each tenant its own keys")
+        bad = sorted(name for name in self.tenants if not _TENANT_NAME.match(name))
+        if bad:
+            raise ValueError(f"tenant names may use letters, digits, '_', '.', '-'; not: {', '.join(bad)}")
+        if self.server.require_api_key and not keys:
+            raise ValueError("server.require_api_key is true but no tenant has api_keys")
         if self.default_backend is not None and self.default_backend not in names:
             raise ValueError(f"default_backend '{self.default_backend}' is not a backend; known: {', '.join(names)}")
         return self

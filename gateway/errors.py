@@ -3,6 +3,7 @@
     GatewayError                 base; never raised itself
     ├── BadRequest               400  the client sent something the gateway can't accept
     │   └── InvalidField         400  a JSON field is missing or has the wrong type
+    ├── Unauthorized             401  no API key, or one no tenant has (when keys are required)
     ├── PayloadTooLarge          413  the body is over ``server.max_body_bytes``
     ├── BackendUnavailable       502  the backend refused the connection or broke it before answering
     ├── BackendTimeout           504  the backend did not answer (or stalled) within a configured timeout
@@ -41,6 +42,13 @@ class InvalidField(BadRequest):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class Unauthorized(GatewayError):
+    """Raised when a request needs a tenant's API key and carries none, or an unknown one."""
+
+    status = 401
+    code = "invalid_api_key"
 
 
 class PayloadTooLarge(GatewayError):

@@ -11,14 +11,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, WaitingRoom
+from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, Rewrites, WaitingRoom
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
 from gateway.backends import Backend
 from gateway.config import AdmissionConfig
 from gateway.domain import Dialect, Operation, ParsedRequest
+from gateway.errors import BadRequest
 from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.fitting.trim import trim_history
 from gateway.pools import PoolDirectory
+from gateway.tenants import Tenant
 from gateway.tokens import TokenCount
 
 Recount = Callable[[ParsedRequest], Awaitable[TokenCount | None]]
@@ -50,6 +52,21 @@ class Admission:
             self.permit.release()
 
 
+def _tenant_capped(parsed: ParsedRequest, path: str, raw: bytes, cap: int | None) -> Admission:
+    """Without a pool to plan against, only the tenant's output cap applies."""
+    body, changes = apply_rewrites(parsed, path, Rewrites(max_output_tokens=cap))
+    if body is None:
+        return Admission(raw)
+    return Admission(encode_body(body), {"X-Kvgate-Rewrite": "; ".join(changes)})
+
+
+def _check_prompt_cap(tenant: Tenant, count: TokenCount) -> None:
+    cap = tenant.max_prompt_tokens
+    if cap is not None and count.tokens > cap:
+        raise BadRequest(f"prompt is {count.tokens:,} tokens; tenant '{tenant.name}' allows {cap:,}; shorten it or "
+                         "ask for a larger cap")
+
+
 def _is_unload(parsed: ParsedRequest) -> bool:
     """Ollama's load/unload requests (no prompt, no messages) hold no sequence."""
     return parsed.dialect is Dialect.OLLAMA and not parsed.messages and not parsed.prompt
@@ -69,26 +86,37 @@ class Gate:
         raw: bytes,
         backend: Backend,
         count: TokenCount | None,
+        tenant: Tenant,
         is_disconnected: Callable[[], bool],
         recount: Recount,
     ) -> Admission:
-        if (not self._config.enabled or count is None or parsed.model is None
-                or parsed.operation not in (Operation.CHAT, Operation.GENERATE) or _is_unload(parsed)):
+        if parsed.operation not in (Operation.CHAT, Operation.GENERATE) or _is_unload(parsed):
             return Admission(raw)
-        pool = await self._pools.pool_for(backend, parsed.model)
-        if pool is None:
-            return Admission(raw)
+        if count is not None:
+            _check_prompt_cap(tenant, count)
         limit = parsed.max_output_tokens
+        limit = limit if limit is not None and limit >= 0 else None
+        capped = tenant.max_output_tokens is not None and (limit is None or limit > tenant.max_output_tokens)
+        pool = None
+        if self._config.enabled and count is not None and parsed.model is not None:
+            pool = await self._pools.pool_for(backend, parsed.model)
+        if pool is None or count is None:
+            return _tenant_capped(parsed, path, raw, tenant.max_output_tokens if capped else None)
         cost = RequestCost(
             prompt_tokens=count.tokens,
             prompt_exact=count.exact,
-            max_output_tokens=limit if limit is not None and limit >= 0 else None,
+            max_output_tokens=tenant.max_output_tokens if capped else limit,
             requested_num_ctx=parsed.num_ctx_tokens if (parsed.num_ctx_tokens or 0) > 0 else None,
+            tenant=tenant.name,
+            priority=tenant.priority,
         )
+        policy = self._policy
+        if tenant.max_active is not None:
+            policy = replace(policy, per_tenant_max_active=tenant.max_active)
         headers: dict[str, str] = {}
         trimmed_body = False
         try:
-            permit = await self.room.acquire(pool.key, pool, cost, self._policy, is_disconnected=is_disconnected)
+            permit = await self.room.acquire(pool.key, pool, cost, policy, is_disconnected=is_disconnected)
         except AdmissionRejected as exc:
             trimmed = await self._trim(exc, parsed, pool, cost, recount)
             if trimmed is None:
@@ -96,9 +124,12 @@ class Gate:
             parsed, cost, note = trimmed
             trimmed_body = True
             headers.update({"X-Kvgate-Trimmed": note, "X-Kvgate-Prompt-Tokens": str(cost.prompt_tokens)})
-            permit = await self.room.acquire(pool.key, pool, cost, self._policy, is_disconnected=is_disconnected)
+            permit = await self.room.acquire(pool.key, pool, cost, policy, is_disconnected=is_disconnected)
+        rewrites = permit.admit.rewrites
+        if capped and rewrites.max_output_tokens is None:
+            rewrites = replace(rewrites, max_output_tokens=cost.max_output_tokens)
         try:
-            body, changes = apply_rewrites(parsed, path, permit.admit.rewrites)
+            body, changes = apply_rewrites(parsed, path, rewrites)
             if body is None and trimmed_body:
                 body = parsed.body
             forwarded = raw if body is None else encode_body(body)

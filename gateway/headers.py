@@ -22,10 +22,19 @@ def _connection_listed(headers: Mapping[str, str]) -> frozenset[str]:
 
 
 def upstream_request_headers(
-    incoming: CIMultiDictProxy[str], *, host: str, request_id: str, api_key: str | None, client_ip: str | None
+    incoming: CIMultiDictProxy[str],
+    *,
+    host: str,
+    request_id: str,
+    api_key: str | None,
+    client_ip: str | None,
+    strip_client_keys: bool = False,
 ) -> CIMultiDict[str]:
-    """End-to-end headers of the client's request, with Host set to the upstream (Ollama checks it)."""
+    """End-to-end headers of the client's request, with Host set to the upstream (Ollama checks it). A client's
+    key for kvgate itself (``strip_client_keys``) never travels on to the backend."""
     drop = HOP_BY_HOP | _connection_listed(incoming) | {"host", "content-length", REQUEST_ID.lower()}
+    if strip_client_keys:
+        drop |= {"authorization", "x-api-key"}
     out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in incoming.items() if k.lower() not in drop)
     out["Host"] = host
     out[REQUEST_ID] = request_id

@@ -32,6 +32,7 @@ from gateway.observability.logs import request_id_var
 from gateway.observability.metrics import Metrics, record
 from gateway.routes import FALLBACK, Handling, Route, fallback_dialect
 from gateway.streaming import relay
+from gateway.tenants import Tenant, TenantDirectory
 from gateway.tokens import TokenCount
 from gateway.usage import UsageObserver
 
@@ -63,6 +64,7 @@ class Proxy:
         counting: Counting,
         gate: Gate,
         metrics: Metrics,
+        tenants: TenantDirectory,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._settings = settings
@@ -71,6 +73,7 @@ class Proxy:
         self._counting = counting
         self._gate = gate
         self._metrics = metrics
+        self._tenants = tenants
         self._clock = clock
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
@@ -82,7 +85,9 @@ class Proxy:
         detail: dict[str, object] = {}
         headers: Mapping[str, str] = {}
         try:
-            response = await self._dispatch(request, route, dialect, request_id)
+            tenant = self._tenants.identify(request.headers)
+            detail["tenant"] = tenant.name
+            response = await self._dispatch(request, route, dialect, request_id, tenant)
             status, headers = response.status, response.headers
             return response
         except GatewayError as exc:
@@ -104,7 +109,8 @@ class Proxy:
             elapsed_s = self._clock() - started_s
             log.info("%s %s %d", request.method, request.path, status,
                      extra={"duration_ms": round(elapsed_s * 1000, 2), **detail})
-            record(self._metrics, route.path if route is not FALLBACK else "other", status, elapsed_s, headers)
+            route_label = route.path if route is not FALLBACK else "other"
+            record(self._metrics, route_label, status, elapsed_s, headers, str(detail.get("tenant", "-")))
             request_id_var.reset(token)
 
     def _error_response(self, dialect: Dialect, error: GatewayError, request_id: str) -> web.Response:
@@ -118,7 +124,7 @@ class Proxy:
         )
 
     async def _dispatch(
-        self, request: web.Request, route: Route, dialect: Dialect, request_id: str
+        self, request: web.Request, route: Route, dialect: Dialect, request_id: str, tenant: Tenant
     ) -> web.StreamResponse:
         if route.handling is Handling.LISTING:
             return await self._listing(request, route, request_id)
@@ -135,7 +141,7 @@ class Proxy:
         if count is not None and count.counter != ESTIMATE_COUNTER and backend.kind is BackendKind.OLLAMA:
             observer = UsageObserver()
         admission = await self._gate.admit(
-            parsed, request.path, raw, backend, count, lambda: _gone(request),
+            parsed, request.path, raw, backend, count, tenant, lambda: _gone(request),
             lambda changed: self._counting.count(changed, backend),
         )
         try:
@@ -189,7 +195,7 @@ class Proxy:
         timeouts = backend.settings.timeouts
         headers = upstream_request_headers(
             request.headers, host=backend.host_header, request_id=request_id, api_key=backend.api_key,
-            client_ip=request.remote,
+            client_ip=request.remote, strip_client_keys=self._tenants.enabled,
         )
         upstream = await self._open(request.method, backend, request.raw_path, headers, body)
         try:

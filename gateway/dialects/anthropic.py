@@ -13,7 +13,12 @@ from gateway.dialects import fields
 from gateway.domain import Dialect, Operation, ParsedRequest
 from gateway.errors import GatewayError
 
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large", 504: "timeout_error"}
+_TYPES = {
+    401: "authentication_error",
+    400: "invalid_request_error", 404: "not_found_error",
+    413: "request_too_large",
+    504: "timeout_error",
+}
 
 
 def parse(operation: Operation, body: dict[str, Any]) -> ParsedRequest:

@@ -55,6 +55,8 @@ def parse(operation: Operation, body: dict[str, Any], *, path: str = "") -> Pars
 def _error_type(status: int) -> str:
     if status == 404:
         return "not_found_error"
+    if status == 401:
+        return "authentication_error"
     if 400 <= status < 500:
         return "invalid_request_error"
     return "api_error"

@@ -4,6 +4,7 @@ Request-level counters are recorded at the proxy's one boundary; pool and queue 
 room when scraped (``GET /kvgate/metrics``), so they can never drift from the ledger.
 
     kvgate_requests_total{route,backend,status}          requests answered, by route template
+    kvgate_tenant_requests_total{tenant,status}          requests answered, by tenant
     kvgate_request_duration_seconds{route}               time to the end of the response
     kvgate_prompt_tokens_total{backend,counter,exact}    prompt tokens counted
     kvgate_decisions_total{backend,decision}             admitted | queued | rewritten | trimmed | refused
@@ -70,6 +71,8 @@ class Metrics:
                                   buckets=(0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
         self.prompt_tokens = Counter("kvgate_prompt_tokens", "Prompt tokens counted", ["backend", "counter", "exact"],
                                      registry=self.registry)
+        self.tenant_requests = Counter("kvgate_tenant_requests", "Requests answered, by tenant", ["tenant", "status"],
+                                       registry=self.registry)
         self.decisions = Counter("kvgate_decisions", "What admission did", ["backend", "decision"],
                                  registry=self.registry)
 
@@ -80,10 +83,13 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def record(metrics: Metrics, route: str, status: int, elapsed_s: float, headers: Mapping[str, str]) -> None:
+def record(
+    metrics: Metrics, route: str, status: int, elapsed_s: float, headers: Mapping[str, str], tenant: str
+) -> None:
     """Count one answered request; what admission did is read back from the headers that told the client."""
     backend = headers.get("X-Kvgate-Backend", "-")
     metrics.requests.labels(route, backend, str(status)).inc()
+    metrics.tenant_requests.labels(tenant, str(status)).inc()
     metrics.duration.labels(route).observe(elapsed_s)
     tokens = headers.get("X-Kvgate-Prompt-Tokens")
     if tokens is not None:
