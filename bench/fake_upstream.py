@@ -42,13 +42,22 @@ async def chat(request: web.Request) -> web.StreamResponse:
 
 
 async def tags(request: web.Request) -> web.Response:
-    return web.json_response({"models": [{"name": "bench:latest", "model": "bench:latest"}]})
+    return web.json_response({"models": [{"name": "bench:latest", "model": "bench:latest", "size": 1}]})
+
+
+async def ps(request: web.Request) -> web.Response:
+    """The bench model is loaded with an 8K context, as Ollama's /api/ps shows it: kvgate plans against it."""
+    return web.json_response({"models": [{
+        "name": "bench:latest", "model": "bench:latest", "size": 1, "size_vram": 1, "digest": "0",
+        "details": {}, "expires_at": "2099-01-01T00:00:00Z", "context_length": 8192,
+    }]})
 
 
 def main() -> None:
     app = web.Application()
     app.router.add_post("/api/chat", chat)
     app.router.add_get("/api/tags", tags)
+    app.router.add_get("/api/ps", ps)
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None, loop=uvloop.new_event_loop())
 
 

@@ -35,6 +35,7 @@ class PoolDirectory:
         self._knowledge = knowledge
         self._clock = clock
         self._cache: dict[tuple[str, str], tuple[float, PoolSpec | None]] = {}
+        self._failures: dict[tuple[str, str], str] = {}
 
     async def pool_for(self, backend: Backend, model: str) -> PoolSpec | None:
         key = (backend.name, model)
@@ -45,8 +46,13 @@ class PoolDirectory:
         try:
             pool = await self._probe(backend, model)
         except (ProbeError, LookupError, ValueError) as exc:
-            log.warning("no KV pool for model %r on %s, admitting without a ledger: %s", model, backend.describe(), exc)
+            if self._failures.get(key) != str(exc):  # once per reason, not every refresh
+                log.warning("no KV pool for model %r on %s, admitting without a ledger: %s", model,
+                            backend.describe(), exc)
+            self._failures[key] = str(exc)
             pool = None
+        else:
+            self._failures.pop(key, None)
         self._cache[key] = (now, pool)
         return pool
 
