@@ -10,13 +10,18 @@ WORKDIR /opt/kvgate
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 RUN pip install . \
-    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin kvgate
+    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin kvgate \
+    && mkdir -p /var/cache/kvgate \
+    && chown kvgate /var/cache/kvgate
 COPY config /etc/kvgate
 
 USER kvgate
 # In a container kvgate must listen on all interfaces; the port is published by the runtime.
 ENV KVGATE_SERVER__HOST=0.0.0.0 \
-    KVGATE_SERVER__PORT=11435
+    KVGATE_SERVER__PORT=11435 \
+    KVGATE_COUNTING__CACHE_DIR=/var/cache/kvgate/tokenizers
+# Tokenizers converted from each model's GGUF vocabulary are kept here (one per model digest).
+VOLUME /var/cache/kvgate
 EXPOSE 11435
 
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
