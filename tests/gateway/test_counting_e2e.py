@@ -105,3 +105,17 @@ async def test_raw_invalid_utf8_bytes_pass_through_unchanged() -> None:
             assert r.status == 200
             assert int(r.headers["X-Kvgate-Prompt-Tokens"]) > 0
         assert fake.seen[-1].body == raw
+
+
+@pytest.mark.llama_server
+async def test_streaming_through_kvgate_to_a_real_llama_server(gateway: str) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key="x", max_retries=0)
+    stream = await client.chat.completions.create(
+        model="tiny", messages=CHAT, max_tokens=20, stream=True,  # type: ignore[call-overload]
+        stream_options={"include_usage": True}, extra_body={"tool_choice": "none", "ignore_eos": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    await client.close()
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 20
+    assert sum(1 for chunk in chunks if chunk.choices and chunk.choices[0].delta.content) >= 10
