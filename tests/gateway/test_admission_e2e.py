@@ -159,3 +159,22 @@ async def test_a_chat_longer_than_the_context_is_trimmed_visibly_or_refused(sim:
     # the backend saw the whole trimmed prompt: nothing cut silently on top of the announced trim
     assert payload["prompt_eval_count"] <= int(headers["X-Kvgate-Prompt-Tokens"])
     assert payload["prompt_eval_count"] > 3000
+
+
+async def test_simulated_unified_pool_at_scale_fails_directly_not_through_kvgate() -> None:
+    config = SimConfig(mode="llama-server", ctx_size=8192, time_scale=20.0, gen_tokens_per_s=200.0)
+    words = " ".join(f"w{i}" for i in range(1500))
+    body = {"model": "llama3.1:8b", "max_tokens": 1500, "messages": [{"role": "user", "content": words}]}
+    runner, sim = await start_sim(config)
+    try:
+        direct = await _post_all(sim, [body] * 6)
+    finally:
+        await runner.cleanup()
+    assert sum(1 for status, text, _ in direct if status == 500 and CONTEXT_EXCEEDED in text) >= 2
+    runner, sim = await start_sim(config)
+    try:
+        async with running_gateway([{"name": "ls", "kind": "llama-server", "url": sim}]) as url:
+            gated = await _post_all(url, [body] * 6)
+    finally:
+        await runner.cleanup()
+    assert [status for status, _, _ in gated] == [200] * 6
