@@ -132,6 +132,9 @@ class CountingConfig(_Strict):
     estimate_bytes_per_token: float = Field(default=3.0, gt=0)
     estimate_safety_margin: float = Field(default=0.10, ge=0, le=1)
     default_image_tokens: int = Field(default=768, ge=0)
+    count_budget_s: float = Field(
+        default=0.25, gt=0, description="a count slower than this (a tokenizer loading) is estimated meanwhile"
+    )
 
 
 class TenantSettings(_Strict):

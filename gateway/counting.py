@@ -6,6 +6,7 @@ cached. Counting never fails a request: when no counter can answer, the request 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import aiohttp
@@ -21,6 +22,7 @@ from gateway.tokens import (
     build_counter_chain,
     count_request,
 )
+from gateway.tokens.estimate import EstimateCounter
 from gateway.tokens.llama_server_counter import probe_chat_template
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,11 @@ class Counting:
         self._session = session
         self._chains: dict[tuple[str, str], CounterChain] = {}
         self._templates: dict[str, str | None] = {}
+        self._slow: dict[tuple[str, str], asyncio.Future[TokenCount]] = {}
+        self._budget_s = settings.counting.count_budget_s
+        c = settings.counting
+        self._estimate = EstimateCounter(bytes_per_token=c.estimate_bytes_per_token,
+                                         safety_margin=c.estimate_safety_margin, image_tokens=c.default_image_tokens)
 
     async def chain(self, backend: Backend, model: str) -> CounterChain:
         key = (backend.name, model)
@@ -70,15 +77,31 @@ class Counting:
         return chain
 
     async def count(self, parsed: ParsedRequest, backend: Backend) -> TokenCount | None:
-        """The request's prompt length, or None for requests that have no prompt or can't be counted."""
+        """The request's prompt length, or None for requests that have no prompt or can't be counted.
+
+        A count that takes longer than ``counting.count_budget_s`` (a model's tokenizer is being fetched and built,
+        a llama-server is slow to answer) goes on in the background, for the requests after this one; this one
+        gets the byte estimate, flagged as such, so no request waits on a tokenizer build.
+        """
         if parsed.operation not in COUNTED_OPERATIONS:
             return None
+        key = (backend.name, parsed.model or "")
         chain = await self.chain(backend, parsed.model or "")
-        try:
-            return await count_request(parsed.body, str(parsed.dialect), chain)
-        except CounterUnavailable as exc:
-            log.warning("could not count the prompt: %s", exc.reason)
-            return None
+        running = self._slow.get(key)
+        if running is None or running.done():
+            task = asyncio.ensure_future(count_request(parsed.body, str(parsed.dialect), chain))
+            done, _ = await asyncio.wait({task}, timeout=self._budget_s)
+            if done:
+                try:
+                    return task.result()
+                except CounterUnavailable as exc:
+                    log.warning("could not count the prompt: %s", exc.reason)
+                    return None
+            task.add_done_callback(_settle)
+            self._slow[key] = task
+            log.info("counting for model %r on %s takes over %g s (a tokenizer loading?); estimating meanwhile",
+                     parsed.model, backend.describe(), self._budget_s)
+        return await count_request(parsed.body, str(parsed.dialect), self._estimate)
 
     async def calibrate(self, parsed: ParsedRequest, backend: Backend, observed_prompt_tokens: int) -> None:
         """Learn a model's template overhead from the prompt length its backend reported."""
@@ -86,6 +109,12 @@ class Counting:
         if chain is None or not parsed.messages:
             return
         await chain.calibrate(list(parsed.messages), list(parsed.tools), observed_prompt_tokens)
+
+
+def _settle(task: asyncio.Future[TokenCount]) -> None:
+    """A background count's outcome is not needed; read its exception so asyncio doesn't report it as lost."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("background count failed: %s", task.exception())
 
 
 def count_headers(count: TokenCount | None) -> dict[str, str]:

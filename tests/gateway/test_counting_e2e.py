@@ -7,6 +7,7 @@ both equal the server's own usage.prompt_tokens. A backend nothing is known abou
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -119,3 +120,30 @@ async def test_streaming_through_kvgate_to_a_real_llama_server(gateway: str) -> 
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens == 20
     assert sum(1 for chunk in chunks if chunk.choices and chunk.choices[0].delta.content) >= 10
+
+
+async def test_no_request_waits_for_a_tokenizer_build(tmp_path: Path) -> None:
+    from gateway.sim.config import SimConfig
+    from gateway.sim.runner import start_sim
+
+    runner, sim = await start_sim(SimConfig(models=("llama3.1:8b",), load_s=0.05, time_scale=50.0,
+                                            min_response_tokens=2, max_response_tokens=3))
+    chat = {"model": "llama3.1:8b", "stream": False, "messages": [{"role": "user", "content": "Hello there!"}]}
+    try:
+        async with running_gateway([{"name": "sim", "url": sim, "context_tokens": 4096}],
+                                   counting={"cache_dir": str(tmp_path), "count_budget_s": 0.05}) as url, \
+                aiohttp.ClientSession() as http:
+            async with http.post(f"{url}/api/chat", json=chat) as response:
+                assert response.status == 200
+                assert response.headers["X-Kvgate-Counter"] == "estimate; estimate"
+            counters = []
+            for _ in range(200):  # the Llama 3 tokenizer is fetched from /api/show and built meanwhile
+                async with http.post(f"{url}/api/chat", json=chat) as response:
+                    counters.append(response.headers["X-Kvgate-Counter"].split(";")[0])
+                if counters[-1] == "gguf":
+                    break
+                await asyncio.sleep(0.1)
+            assert counters[-1] == "gguf", counters
+            assert await asyncio.to_thread(lambda: list(tmp_path.iterdir()))  # the tokenizer is cached on disk
+    finally:
+        await runner.cleanup()
