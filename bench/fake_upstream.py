@@ -1,4 +1,5 @@
 """A fast fake Ollama for benchmarks: a small JSON chat answer, or a stream of N NDJSON chunks, as fast as it can.
+Its one model is a Llama 3 (real tokenizer in /api/show, loaded in /api/ps), so kvgate's whole path runs.
 
 Run: python -m bench.fake_upstream PORT
 """
@@ -6,10 +7,13 @@ Run: python -m bench.fake_upstream PORT
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import orjson
 import uvloop
 from aiohttp import web
+
+from gateway.tokens.gguf_meta import read_gguf_metadata
 
 SMALL = orjson.dumps({
     "model": "bench", "created_at": "2026-11-29T00:00:00Z", "message": {"role": "assistant", "content": "hello"},
@@ -41,8 +45,29 @@ async def chat(request: web.Request) -> web.StreamResponse:
     return response
 
 
+VOCAB = Path(__file__).resolve().parents[1] / "gateway" / "data" / "vocab" / "ggml-vocab-llama-bpe.gguf"
+
+
+def _model_info() -> bytes:
+    """Ollama's /api/show for a Llama 3 model: its GGUF key/values, the real tokenizer included (verbose)."""
+    meta = read_gguf_metadata(VOCAB).values
+    info = {key: value for key, value in meta.items() if key != "tokenizer.chat_template"}
+    return orjson.dumps({
+        "model_info": info, "details": {"format": "gguf", "family": "llama", "quantization_level": "Q4_K_M"},
+        "capabilities": ["completion"], "parameters": "", "template": "",
+    }, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+SHOW = _model_info()
+
+
 async def tags(request: web.Request) -> web.Response:
-    return web.json_response({"models": [{"name": "bench:latest", "model": "bench:latest", "size": 1}]})
+    return web.json_response({"models": [{"name": "bench:latest", "model": "bench:latest", "size": 1,
+                                          "digest": "bench0"}]})
+
+
+async def show(request: web.Request) -> web.Response:
+    return web.Response(body=SHOW, content_type="application/json")
 
 
 async def ps(request: web.Request) -> web.Response:
@@ -58,6 +83,7 @@ def main() -> None:
     app.router.add_post("/api/chat", chat)
     app.router.add_get("/api/tags", tags)
     app.router.add_get("/api/ps", ps)
+    app.router.add_post("/api/show", show)
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None, loop=uvloop.new_event_loop())
 
 

@@ -2,8 +2,8 @@
 
     python -m bench.overhead [--quick]
 
-Starts a fast fake Ollama and ``kvgate serve`` in front of it, each in its own process, then measures from this
-process, alternating direct and gateway rounds so machine noise hits both alike:
+Starts a fast fake Ollama (one Llama 3 model, loaded) and ``kvgate serve`` in front of it, each in its own process,
+then measures from this process, alternating direct and gateway rounds so machine noise hits both alike:
 - a small non-streaming chat: median and p99 latency, requests per second, at concurrency 1 and 64;
 - a 500-chunk NDJSON stream: median and p99 time per stream, chunks per second, at concurrency 1 and 64.
 Targets: added median latency at concurrency 1 <= 1 ms; stream chunk throughput through kvgate >= 80% of direct.
@@ -170,9 +170,24 @@ def render(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+async def _wait_for_tokenizer(gateway: str, deadline_s: float = 60.0) -> str:
+    """Until kvgate counts with the model's own tokenizer (fetched from /api/show and built once)."""
+    body = orjson.dumps({"model": "bench", "stream": False, "messages": [{"role": "user", "content": "hi"}]})
+    counter = ""
+    async with aiohttp.ClientSession() as http:
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end and not counter.startswith("gguf"):
+            async with http.post(f"{gateway}/api/chat", data=body) as response:
+                await response.read()
+                counter = response.headers.get("X-Kvgate-Counter", "")
+            await asyncio.sleep(0.1)
+    return counter
+
+
 async def amain(direct: str, through: str, quick: bool) -> None:
     await _wait_ready(f"{direct}/api/tags")
     await _wait_ready(f"{through}/kvgate/health")
+    print(f"kvgate counts with: {await _wait_for_tokenizer(through)}")
     print(render(await measure(direct, through, quick)))
 
 
@@ -183,8 +198,8 @@ def main() -> int:
     upstream_port, gateway_port = _free_port(), _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
     upstream = subprocess.Popen([sys.executable, "-m", "bench.fake_upstream", str(upstream_port)], env=env)
-    # The whole request path runs: counting, planning against the loaded model's KV pool (64 slots of 8K tokens,
-    # so the benchmark measures kvgate's cost, not its queue), forwarding.
+    # The whole request path runs: counting with the model's real tokenizer, planning against the loaded model's
+    # KV pool (64 slots of 8K tokens, so the benchmark measures kvgate's cost, not its queue), forwarding.
     backend = {"name": "bench", "kind": "ollama", "url": f"http://127.0.0.1:{upstream_port}", "parallel": 64}
     gateway = subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", "--port", str(gateway_port)],

@@ -27,6 +27,7 @@ from gateway.tokens.llama_server_counter import probe_chat_template
 
 log = logging.getLogger(__name__)
 
+ESTIMATE_COUNTER = "estimate"
 COUNTED_OPERATIONS = frozenset({Operation.CHAT, Operation.GENERATE})
 
 
@@ -54,6 +55,7 @@ class Counting:
         self._chains: dict[tuple[str, str], CounterChain] = {}
         self._templates: dict[str, str | None] = {}
         self._slow: dict[tuple[str, str], asyncio.Future[TokenCount]] = {}
+        self._warm: set[tuple[str, str]] = set()
         self._budget_s = settings.counting.count_budget_s
         c = settings.counting
         self._estimate = EstimateCounter(bytes_per_token=c.estimate_bytes_per_token,
@@ -87,16 +89,25 @@ class Counting:
             return None
         key = (backend.name, parsed.model or "")
         chain = await self.chain(backend, parsed.model or "")
+        if key in self._warm:  # its tokenizer is loaded: no need to guard against a slow load
+            try:
+                return await count_request(parsed.body, str(parsed.dialect), chain)
+            except CounterUnavailable as exc:
+                log.warning("could not count the prompt: %s", exc.reason)
+                return None
         running = self._slow.get(key)
         if running is None or running.done():
             task = asyncio.ensure_future(count_request(parsed.body, str(parsed.dialect), chain))
             done, _ = await asyncio.wait({task}, timeout=self._budget_s)
             if done:
                 try:
-                    return task.result()
+                    result = task.result()
                 except CounterUnavailable as exc:
                     log.warning("could not count the prompt: %s", exc.reason)
                     return None
+                if result.counter != ESTIMATE_COUNTER:
+                    self._warm.add(key)
+                return result
             task.add_done_callback(_settle)
             self._slow[key] = task
             log.info("counting for model %r on %s takes over %g s (a tokenizer loading?); estimating meanwhile",

@@ -19,6 +19,7 @@ room when scraped (``GET /kvgate/metrics``), so they can never drift from the le
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -63,6 +64,7 @@ class _PoolCollector(Collector):
 
 class Metrics:
     def __init__(self) -> None:
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("kvgate_requests", "Requests answered", ["route", "backend", "status"],
                                 registry=self.registry)
@@ -79,6 +81,14 @@ class Metrics:
     def watch_pools(self, room: WaitingRoom, pools: Callable[[], dict[tuple[str, str], PoolSpec]]) -> None:
         self.registry.register(_PoolCollector(room, pools))
 
+    def child(self, metric: Counter | Histogram, *labels: str) -> Any:
+        """``metric.labels(*labels)``, cached: the lookup is on every request's path."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -88,17 +98,18 @@ def record(
 ) -> None:
     """Count one answered request; what admission did is read back from the headers that told the client."""
     backend = headers.get("X-Kvgate-Backend", "-")
-    metrics.requests.labels(route, backend, str(status)).inc()
-    metrics.tenant_requests.labels(tenant, str(status)).inc()
-    metrics.duration.labels(route).observe(elapsed_s)
+    child = metrics.child
+    child(metrics.requests, route, backend, str(status)).inc()
+    child(metrics.tenant_requests, tenant, str(status)).inc()
+    child(metrics.duration, route).observe(elapsed_s)
     tokens = headers.get("X-Kvgate-Prompt-Tokens")
     if tokens is not None:
         counter, _, exact = headers.get("X-Kvgate-Counter", "-; -").partition("; ")
-        metrics.prompt_tokens.labels(backend, counter, exact).inc(int(tokens))
+        child(metrics.prompt_tokens, backend, counter, exact).inc(int(tokens))
     if "X-Kvgate-Reserved-Tokens" in headers:
-        metrics.decisions.labels(backend, "admitted").inc()
+        child(metrics.decisions, backend, "admitted").inc()
         if float(headers.get("X-Kvgate-Queue-Wait", "0")) > 0:
-            metrics.decisions.labels(backend, "queued").inc()
+            child(metrics.decisions, backend, "queued").inc()
     for header, decision in (("X-Kvgate-Rewrite", "rewritten"), ("X-Kvgate-Trimmed", "trimmed")):
         if header in headers:
-            metrics.decisions.labels(backend, decision).inc()
+            child(metrics.decisions, backend, decision).inc()
