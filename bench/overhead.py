@@ -2,8 +2,9 @@
 
     python -m bench.overhead [--quick]
 
-Starts a fast fake Ollama (one Llama 3 model, loaded) and ``kvgate serve`` in front of it, each in its own process,
-then measures from this process, alternating direct and gateway rounds so machine noise hits both alike:
+Starts a fast fake Ollama (one Llama 3 model, loaded), ``kvgate serve`` in front of it and, as a yardstick, a bare
+aiohttp proxy with no kvgate logic (bench/bare_proxy.py), each in its own process. It then measures from this process,
+alternating direct, kvgate and bare-proxy rounds so machine noise hits all alike:
 - a small non-streaming chat: median and p99 latency, requests per second, at concurrency 1 and 64;
 - a 500-chunk NDJSON stream: median and p99 time per stream, chunks per second, at concurrency 1 and 64.
 Targets: added median latency at concurrency 1 <= 1 ms; stream chunk throughput through kvgate >= 80% of direct.
@@ -28,7 +29,9 @@ import aiohttp
 import orjson
 
 STREAM_CHUNKS = 500
-ROUNDS = 7
+ROUNDS = 9
+KVGATE = "kvgate"
+BARE = "bare proxy"
 
 
 def _free_port() -> int:
@@ -115,10 +118,16 @@ def _stream(http: aiohttp.ClientSession, base: str) -> Callable[[], Awaitable[in
     return one
 
 
-Row = tuple[str, Result, Result, float]
+@dataclass
+class Row:
+    """One case: the direct rounds merged, and for each proxy its rounds merged and its median per-round ratio."""
+
+    name: str
+    direct: Result
+    through: dict[str, tuple[Result, float]]
 
 
-async def measure(direct: str, gateway: str, quick: bool) -> list[Row]:
+async def measure(direct: str, proxies: dict[str, str], quick: bool) -> list[Row]:
     scale = 0.25 if quick else 1.0
     plans = [  # each round lasts about half a second, so one noisy moment can't decide a round
         ("small chat, c=1", 1, int(1500 * scale), _small),
@@ -130,14 +139,18 @@ async def measure(direct: str, gateway: str, quick: bool) -> list[Row]:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
         for name, concurrency, per_worker, make in plans:
-            await _run(concurrency, max(1, per_worker // 10), make(http, direct))  # warm both paths
-            await _run(concurrency, max(1, per_worker // 10), make(http, gateway))
-            direct_runs, gateway_runs = [], []
-            for _ in range(ROUNDS):  # alternate so drift hits both
-                direct_runs.append(await _run(concurrency, per_worker, make(http, direct)))
-                gateway_runs.append(await _run(concurrency, per_worker, make(http, gateway)))
-            ratios = [g.rate / d.rate for d, g in zip(direct_runs, gateway_runs, strict=True)]
-            rows.append((name, _merge(direct_runs), _merge(gateway_runs), statistics.median(ratios)))
+            targets = {"direct": direct, **proxies}
+            for url in targets.values():  # warm every path
+                await _run(concurrency, max(1, per_worker // 10), make(http, url))
+            runs: dict[str, list[Result]] = {label: [] for label in targets}
+            for _ in range(ROUNDS):  # alternate so drift hits every path alike
+                for label, url in targets.items():
+                    runs[label].append(await _run(concurrency, per_worker, make(http, url)))
+            through = {}
+            for label in proxies:
+                ratios = [p.rate / d.rate for d, p in zip(runs["direct"], runs[label], strict=True)]
+                through[label] = (_merge(runs[label]), statistics.median(ratios))
+            rows.append(Row(name, _merge(runs["direct"]), through))
     return rows
 
 
@@ -149,24 +162,30 @@ def _merge(results: list[Result]) -> Result:
 
 def render(rows: list[Row]) -> str:
     head = (f"{'case':<24} {'direct med ms':>13} {'kvgate med ms':>13} {'added ms':>9} {'direct p99':>10} "
-            f"{'kvgate p99':>10} {'direct /s':>10} {'kvgate /s':>10} {'ratio':>6}")
+            f"{'kvgate p99':>10} {'direct /s':>10} {'kvgate /s':>10} {'ratio':>6} {'bare proxy':>10}")
     lines = [head, "-" * len(head)]
-    for name, d, g, ratio in rows:
-        unit = "chunks" if "stream" in name else "req"
+    for row in rows:
+        d, (g, ratio) = row.direct, row.through[KVGATE]
+        bare_ratio = row.through[BARE][1] if BARE in row.through else float("nan")
+        unit = "chunks" if "stream" in row.name else "req"
         lines.append(
-            f"{name:<24} {d.median_ms:>13.3f} {g.median_ms:>13.3f} {g.median_ms - d.median_ms:>9.3f} "
-            f"{d.p99_ms:>10.3f} {g.p99_ms:>10.3f} {d.rate:>10.0f} {g.rate:>10.0f} {ratio:>6.2f}"
+            f"{row.name:<24} {d.median_ms:>13.3f} {g.median_ms:>13.3f} {g.median_ms - d.median_ms:>9.3f} "
+            f"{d.p99_ms:>10.3f} {g.p99_ms:>10.3f} {d.rate:>10.0f} {g.rate:>10.0f} {ratio:>6.2f} {bare_ratio:>10.2f}"
             f"  ({unit}/s)"
         )
+    lines.append(f"(rates: the median round of {ROUNDS}; ratio: the median of the per-round ratios to direct, for "
+                 "kvgate and for a bare aiohttp proxy with no kvgate logic, bench/bare_proxy.py)")
     small1 = rows[0]
-    stream_rows = [row for row in rows if "stream" in row[0]]
-    added = small1[2].median_ms - small1[1].median_ms
-    worst_ratio = min(ratio for *_, ratio in stream_rows)
-    lines.append("(rates: the median round of 7; ratio: the median of the 7 per-round ratios, kvgate / direct)")
+    added = small1.through[KVGATE][0].median_ms - small1.direct.median_ms
+    stream_rows = [row for row in rows if "stream" in row.name]
+    worst = min(stream_rows, key=lambda row: row.through[KVGATE][1])
+    worst_ratio = worst.through[KVGATE][1]
     lines.append("")
     lines.append(f"target: added median latency at c=1 <= 1 ms: {added:.3f} ms -> {'PASS' if added <= 1 else 'FAIL'}")
-    lines.append(f"target: stream chunk throughput >= 80% of direct: worst {worst_ratio:.0%} -> "
+    lines.append(f"target: stream chunk throughput >= 80% of direct: worst {worst_ratio:.0%} ({worst.name}) -> "
                  f"{'PASS' if worst_ratio >= 0.8 else 'FAIL'}")
+    if BARE in worst.through:
+        lines.append(f"        the bare aiohttp proxy, same case, same run: {worst.through[BARE][1]:.0%} of direct")
     return "\n".join(lines)
 
 
@@ -184,31 +203,34 @@ async def _wait_for_tokenizer(gateway: str, deadline_s: float = 60.0) -> str:
     return counter
 
 
-async def amain(direct: str, through: str, quick: bool) -> None:
+async def amain(direct: str, through: str, bare: str, quick: bool) -> None:
     await _wait_ready(f"{direct}/api/tags")
     await _wait_ready(f"{through}/kvgate/health")
+    await _wait_ready(f"{bare}/api/tags")
     print(f"kvgate counts with: {await _wait_for_tokenizer(through)}")
-    print(render(await measure(direct, through, quick)))
+    print(render(await measure(direct, {KVGATE: through, BARE: bare}, quick)))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a quarter of the requests (a smoke run)")
     quick = parser.parse_args().quick
-    upstream_port, gateway_port = _free_port(), _free_port()
+    upstream_port, gateway_port, bare_port = _free_port(), _free_port(), _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
+    upstream_url = f"http://127.0.0.1:{upstream_port}"
     upstream = subprocess.Popen([sys.executable, "-m", "bench.fake_upstream", str(upstream_port)], env=env)
+    bare = subprocess.Popen([sys.executable, "-m", "bench.bare_proxy", str(bare_port), upstream_url], env=env)
     # The whole request path runs: counting with the model's real tokenizer, planning against the loaded model's
     # KV pool (64 slots of 8K tokens, so the benchmark measures kvgate's cost, not its queue), forwarding.
-    backend = {"name": "bench", "kind": "ollama", "url": f"http://127.0.0.1:{upstream_port}", "parallel": 64}
+    backend = {"name": "bench", "kind": "ollama", "url": upstream_url, "parallel": 64}
     gateway = subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", "--port", str(gateway_port)],
         env={**env, "KVGATE_SERVER__LOG_LEVEL": "warning", "KVGATE_BACKENDS": json.dumps([backend])},
     )
     try:
-        asyncio.run(amain(f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{gateway_port}", quick))
+        asyncio.run(amain(upstream_url, f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{bare_port}", quick))
     finally:
-        for process in (gateway, upstream):
+        for process in (gateway, bare, upstream):
             process.terminate()
             process.wait(timeout=10)
     return 0

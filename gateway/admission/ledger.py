@@ -14,8 +14,9 @@ Guarantees:
   asked with a snapshot just before (the waiting room does both without yielding to the event loop in between).
 - ``release`` frees a reservation exactly once. Releasing it again, or releasing one this ledger never issued, is a
   no-op that returns False, so the completion, error and disconnect paths may all call it without double-freeing.
-- After every step the invariants are asserted: the totals equal what the live reservations add up to, and none is
-  negative. A pool with no live reservation is forgotten.
+- The totals always equal what the live reservations add up to, and none is negative; ``check_invariants`` asserts
+  it with a full scan, which the tests run after every step (the request path does not pay for the scan).
+  A pool with no live reservation is forgotten.
 
 Single-threaded by design: no locks, no asyncio. The waiting room owns the only instance on the event loop.
 """
@@ -75,7 +76,6 @@ class Ledger:
         book.live[reservation.id] = reservation
         book.reserved_tokens += tokens
         book.per_tenant_active[tenant] += 1
-        book.check()
         return reservation
 
     def release(self, reservation: Reservation) -> bool:
@@ -88,7 +88,6 @@ class Ledger:
         book.per_tenant_active[reservation.tenant] -= 1
         if book.per_tenant_active[reservation.tenant] == 0:
             del book.per_tenant_active[reservation.tenant]
-        book.check()
         if not book.live:
             del self._books[reservation.key]
         return True

@@ -149,6 +149,8 @@ class WaitingRoom:
         if isinstance(first, Reject):  # rejections never depend on the snapshot: refuse now, not after a wait
             self._counter(key).rejected_total += 1
             raise AdmissionRejected(first)
+        if isinstance(first, Admit) and key not in self._queues:  # nobody waits: dispatch would admit it at once
+            return _Grant(self._reserve(key, first, cost.tenant), first, 0.0)
         future: asyncio.Future[_Grant] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(next(self._seq), key, pool, cost, policy, self._clock(), future)
         queue = self._queues.setdefault(key, [])
@@ -229,18 +231,23 @@ class WaitingRoom:
             del self._queues[key]
 
     def _grant(self, waiter: _Waiter, admit: Admit, now_s: float) -> _Grant:
-        reservation = self._ledger.reserve(waiter.key, admit.reserve_tokens, waiter.cost.tenant)
-        counters = self._counter(waiter.key)
-        counters.admitted_total += 1
+        reservation = self._reserve(waiter.key, admit, waiter.cost.tenant)
         waited_s = 0.0
         if waiter.queued:
             waited_s = now_s - waiter.enqueued_at_s
-            counters.count_wait(waited_s)
+            self._counter(waiter.key).count_wait(waited_s)
             admit = dataclasses.replace(admit, notes=(*admit.notes, f"waited {waited_s:.2f} s in the queue"))
         return _Grant(reservation, admit, waited_s)
 
+    def _reserve(self, key: PoolKey, admit: Admit, tenant: str) -> Reservation:
+        self._counter(key).admitted_total += 1
+        return self._ledger.reserve(key, admit.reserve_tokens, tenant)
+
     def _counter(self, key: PoolKey) -> QueueCounters:
-        return self._counters.setdefault(key, QueueCounters())
+        counters = self._counters.get(key)
+        if counters is None:
+            counters = self._counters[key] = QueueCounters()
+        return counters
 
     def _view(self, waiter: _Waiter, now_s: float) -> WaiterView:
         return WaiterView(waiter.cost.tenant, waiter.cost.priority, now_s - waiter.enqueued_at_s, waiter.reason)

@@ -15,7 +15,6 @@ Every other field, known or not, is kept. Each change is described for the X-Kvg
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -42,12 +41,13 @@ def _output_field(parsed: ParsedRequest, path: str) -> tuple[str, ...]:
 
 
 def _set(body: dict[str, Any], field: tuple[str, ...], value: int) -> Any:
+    """Set ``field`` in ``body``, copying each nested object on the way, so objects shared with the client's
+    parsed body are never changed."""
     target = body
     for key in field[:-1]:
         nested = target.get(key)
-        if not isinstance(nested, dict):
-            nested = {}
-            target[key] = nested
+        nested = dict(nested) if isinstance(nested, dict) else {}
+        target[key] = nested
         target = nested
     previous = target.get(field[-1])
     target[field[-1]] = value
@@ -58,7 +58,7 @@ def apply_rewrites(parsed: ParsedRequest, path: str, rewrites: Rewrites) -> tupl
     """The body to forward (None when nothing changed) and a description of each change."""
     if not rewrites:
         return None, []
-    body = copy.deepcopy(parsed.body)  # parsed.body stays as the client sent it
+    body = dict(parsed.body)  # parsed.body stays as the client sent it (_set copies what it changes below)
     changes: list[str] = []
     if rewrites.num_ctx is not None and parsed.dialect is Dialect.OLLAMA:
         previous = _set(body, ("options", "num_ctx"), rewrites.num_ctx)

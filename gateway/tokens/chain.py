@@ -26,6 +26,7 @@ class CounterChain:
             raise ValueError("a counter chain needs at least one counter")
         self.model = model
         self.counters = tuple(counters)
+        self._calibrating = tuple(c for c in self.counters if isinstance(c, Calibrating))
         self._log = logger
         self._reported: dict[str, str] = {}
 
@@ -55,12 +56,11 @@ class CounterChain:
     async def calibrate(self, messages: Sequence[Message], tools: Sequence[Tool], observed_prompt_tokens: int) -> None:
         """Pass a backend-reported prompt length (Ollama `prompt_eval_count`, OpenAI `usage.prompt_tokens`) to
         every counter that learns from it; counters that cannot load now are skipped."""
-        for counter in self.counters:
-            if isinstance(counter, Calibrating):
-                try:
-                    await counter.calibrate(messages, tools, observed_prompt_tokens)
-                except CounterUnavailable:
-                    continue
+        for counter in self._calibrating:
+            try:
+                await counter.calibrate(messages, tools, observed_prompt_tokens)
+            except CounterUnavailable:
+                continue
 
     def _warn(self, counter: Counter, reason: str, rest: Sequence[Counter]) -> None:
         if self._reported.get(counter.name) == reason:

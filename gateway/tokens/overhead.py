@@ -13,7 +13,7 @@ A sample whose reported count is below its content tokens (silent truncation) is
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 
@@ -29,15 +29,13 @@ class Overhead:
         return max(0, round(self.per_message_tokens * n_messages + self.per_request_tokens))
 
 
-@dataclass(frozen=True, slots=True)
-class _Sample:
-    n_messages: int
-    content_tokens: int
-    observed_tokens: int
-
-
 class OverheadEstimator:
-    """Online estimate of one model's per-message and per-request template tokens."""
+    """Online estimate of one model's per-message and per-request template tokens.
+
+    The window holds (messages, tokens beyond the content) pairs; the fit runs over the distinct pairs with their
+    counts, so a steady stream of alike requests costs O(1) each (the fit is not redone when the window's contents
+    do not change).
+    """
 
     def __init__(
         self,
@@ -50,12 +48,13 @@ class OverheadEstimator:
         self.default_per_message_tokens = default_per_message_tokens
         self.default_per_request_tokens = default_per_request_tokens
         self.exact_after = exact_after
-        self._samples: deque[_Sample] = deque(maxlen=window)
+        self._window: deque[tuple[int, int]] = deque(maxlen=window)
+        self._pairs: Counter[tuple[int, int]] = Counter()
         self._current = Overhead(default_per_message_tokens, default_per_request_tokens, exact=False)
 
     @property
     def samples(self) -> int:
-        return len(self._samples)
+        return len(self._window)
 
     def current(self) -> Overhead:
         return self._current
@@ -64,24 +63,34 @@ class OverheadEstimator:
         """Add one request's reported prompt length; False when the sample was rejected (truncated)."""
         if observed_tokens < content_tokens or n_messages < 0:
             return False
-        self._samples.append(_Sample(n_messages, content_tokens, observed_tokens))
+        pair = (n_messages, observed_tokens - content_tokens)
+        window = self._window
+        evicted = window[0] if len(window) == window.maxlen else None
+        window.append(pair)
+        if evicted == pair:
+            return True  # the same multiset of samples: the same fit
+        if evicted is not None:
+            self._pairs[evicted] -= 1
+            if not self._pairs[evicted]:
+                del self._pairs[evicted]
+        self._pairs[pair] += 1
         self._current = self._fit()
         return True
 
     def _fit(self) -> Overhead:
-        xs = [s.n_messages for s in self._samples]
-        ys = [s.observed_tokens - s.content_tokens for s in self._samples]
-        if len(set(xs)) < 2:
+        pairs = self._pairs
+        if len({x for x, _ in pairs}) < 2:
             slope = self.default_per_message_tokens
-            intercept = max(y - slope * x for x, y in zip(xs, ys, strict=True))
+            intercept = max(y - slope * x for x, y in pairs)
             return Overhead(slope, intercept, exact=False)
-        n = len(xs)
-        mean_x, mean_y = sum(xs) / n, sum(ys) / n
-        sxx = sum((x - mean_x) ** 2 for x in xs)
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
+        n = sum(pairs.values())
+        mean_x = sum(x * w for (x, _), w in pairs.items()) / n
+        mean_y = sum(y * w for (_, y), w in pairs.items()) / n
+        sxx = sum(w * (x - mean_x) ** 2 for (x, _), w in pairs.items())
+        slope = sum(w * (x - mean_x) * (y - mean_y) for (x, y), w in pairs.items()) / sxx
         slope = max(0.0, slope)
         intercept = mean_y - slope * mean_x
-        residuals = [y - (slope * x + intercept) for x, y in zip(xs, ys, strict=True)]
+        residuals = [y - (slope * x + intercept) for x, y in pairs]
         exact = n >= self.exact_after and all(abs(r) < 1e-6 for r in residuals) and _is_integral(slope, intercept)
         return Overhead(slope, intercept + max(0.0, max(residuals)), exact=exact)
 

@@ -21,7 +21,8 @@ POOL = PoolSpec.unified_pool("gpu1", "qwen2.5:7b", pool_tokens=16_384, slots=4, 
 
 
 class CheckingLedger(Ledger):
-    """A real ledger that also checks the pool's bounds at the instant of every reservation."""
+    """A real ledger that also checks the pool's bounds at the instant of every reservation, and its own totals
+    after every reservation and release."""
 
     def __init__(self, pool: PoolSpec) -> None:
         super().__init__()
@@ -34,7 +35,13 @@ class CheckingLedger(Ledger):
         assert snapshot.reserved_tokens <= self.pool.pool_tokens, snapshot
         assert snapshot.active_sequences <= self.pool.slots, snapshot
         self.peak_tokens = max(self.peak_tokens, snapshot.reserved_tokens)
+        self.check_invariants()
         return reservation
+
+    def release(self, reservation: Reservation) -> bool:
+        freed = super().release(reservation)
+        self.check_invariants()
+        return freed
 
 
 async def one_request(room: WaitingRoom, rng: random.Random, seen: Counter[str]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -61,3 +62,14 @@ def test_invalid_utf8_survives_a_rewrite() -> None:
     assert new_body is not None
     encoded = encode_body(new_body)
     assert b"caf\xe9 \xff" in encoded and b'"num_ctx":4096' in encoded
+
+
+def test_the_clients_nested_objects_are_copied_not_changed() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "options": {"num_ctx": 2048, "seed": 1}}
+    snapshot = copy.deepcopy(body)
+    parsed = _parsed(Dialect.OLLAMA, "/api/chat", body)
+    new_body, changes = apply_rewrites(parsed, "/api/chat", Rewrites(num_ctx=8192, max_output_tokens=64))
+    assert new_body is not None and len(changes) == 2
+    assert new_body["options"] == {"num_ctx": 8192, "seed": 1, "num_predict": 64}
+    assert body == snapshot and parsed.body == snapshot  # neither the top level nor options changed
+    assert new_body["messages"] is body["messages"]  # untouched parts are shared, not copied

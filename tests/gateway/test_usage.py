@@ -42,3 +42,15 @@ def test_no_usage_is_none() -> None:
     observer.begin("text/event-stream")
     observer.feed(b"data: [DONE]\n\n")
     assert observer.prompt_tokens() is None
+
+
+def test_a_figure_far_from_the_end_is_still_found() -> None:
+    """Anthropic streams report input_tokens in their first event; many deltas may follow it."""
+    observer = UsageObserver()
+    observer.begin("text/event-stream")
+    observer.feed(b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":9}}}\n\n')
+    delta = b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"text":"tok"}}\n\n'
+    for _ in range(2000):  # about 150 KB in small chunks, far past the first look at the end
+        observer.feed(delta)
+    observer.feed(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    assert observer.prompt_tokens() == 9

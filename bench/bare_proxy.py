@@ -1,0 +1,54 @@
+"""The smallest streaming proxy aiohttp allows: the cost of one Python hop on this machine, with no kvgate logic.
+
+The overhead benchmark measures it beside kvgate, so its table separates what kvgate adds from what any proxy
+written with aiohttp (kvgate's own server and client) costs here. Body and status pass through; chunks are relayed
+as they arrive, as kvgate relays them.
+
+Run: python -m bench.bare_proxy PORT UPSTREAM_URL
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+
+import aiohttp
+import uvloop
+from aiohttp import web
+
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+
+
+async def _session(app: web.Application) -> AsyncIterator[None]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False) as session:
+        app[SESSION] = session
+        yield
+
+
+def make_app(upstream: str) -> web.Application:
+    async def relay(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        async with request.app[SESSION].request(request.method, upstream + request.path_qs, data=body,
+                                                headers=headers) as upstream_response:
+            response = web.StreamResponse(status=upstream_response.status,
+                                          headers={"Content-Type": upstream_response.headers["Content-Type"]})
+            await response.prepare(request)
+            while chunk := await upstream_response.content.readany():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    app = web.Application()
+    app.cleanup_ctx.append(_session)
+    app.router.add_route("*", "/{tail:.*}", relay)
+    return app
+
+
+def main() -> None:
+    web.run_app(make_app(sys.argv[2].rstrip("/")), host="127.0.0.1", port=int(sys.argv[1]), print=None,
+                access_log=None, loop=uvloop.new_event_loop())
+
+
+if __name__ == "__main__":
+    main()
