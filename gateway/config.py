@@ -112,6 +112,11 @@ class ServerSettings(_Strict):
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"
+    stream_coalesce_s: float = Field(
+        default=0.001, ge=0, le=0.1,
+        description="while a stream arrives faster than this, its chunks are written to the client together, at "
+        "most once per interval; a chunk after a quieter gap goes out at once; 0 writes each read as it comes",
+    )
 
 
 class ModelSettings(_Strict):

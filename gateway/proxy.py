@@ -202,7 +202,7 @@ class Proxy:
             return await relay(
                 request, upstream, dialect=dialect, idle_s=timeouts.idle_s, request_id=request_id,
                 backend_label=backend.describe(), extra_headers={"X-Kvgate-Backend": backend.name, **headers_out},
-                observer=observer,
+                observer=observer, coalesce_s=self._settings.server.stream_coalesce_s,
             )
         finally:
             upstream.close()

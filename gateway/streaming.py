@@ -3,12 +3,24 @@
 Status, content type and end-to-end headers pass through. An error after the headers were sent (the backend stalls
 or breaks the stream) becomes a final event in the client's dialect when the body is NDJSON or SSE; any other body
 is cut off by closing the connection, so the client can't mistake a partial body for a whole one.
+
+Coalescing. A chunk that arrives after a quiet gap (longer than ``coalesce_s`` since the last write) is written at
+once, so a model's tokens reach the client as they come. While chunks arrive faster than that, the relay writes at
+most once per ``coalesce_s``: it waits out the rest of the interval (or the end of the body, whichever comes first)
+and writes everything that came meanwhile in one piece. The bytes are the same; only their grouping into writes
+changes. A fast backend then costs the client and kvgate one write and one wake-up per interval instead of per chunk.
+
+    backend:  c1 . . . . . . . c2 c3 c4 c5 c6 . . . . . . . . . c7  (end)
+    client:   c1 . . . . . . . c2 . . .|c3-c6 . . . . . . . . . c7  (end)
+                                 <- coalesce_s ->
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 from collections.abc import Callable
 
 import aiohttp
@@ -41,6 +53,7 @@ async def relay(
     backend_label: str,
     extra_headers: dict[str, str],
     observer: UsageObserver | None = None,
+    coalesce_s: float = 0.0,
 ) -> web.StreamResponse:
     headers = downstream_response_headers(upstream.headers, request_id=request_id)
     headers.update(extra_headers)
@@ -63,7 +76,8 @@ async def relay(
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     await response.prepare(request)
     try:
-        error = await _pump(upstream, response, idle_s=idle_s, backend_label=backend_label, observer=observer)
+        error = await pump(upstream, response, idle_s=idle_s, coalesce_s=coalesce_s, backend_label=backend_label,
+                            observer=observer)
     except ClientGone:
         log.info("client disconnected mid-stream; upstream request closed")
         return response
@@ -105,26 +119,41 @@ class _IdleWatchdog:
         self._handle.cancel()
 
 
-async def _pump(
+async def pump(
     upstream: aiohttp.ClientResponse,
     response: web.StreamResponse,
     *,
     idle_s: float,
+    coalesce_s: float,
     backend_label: str,
     observer: UsageObserver | None,
 ) -> GatewayError | None:
-    """Copy chunks until the backend's body ends; returns the backend's failure, if any."""
+    """Copy chunks until the backend's body ends, coalescing fast ones (module docstring); returns the backend's
+    failure, if any."""
     loop = asyncio.get_running_loop()
     content = upstream.content
     task = asyncio.current_task()
     assert task is not None
     watchdog = _IdleWatchdog(loop, idle_s, task.cancel)
+    last_write_s = -math.inf
     try:
         while True:
+            chunk = b""
+            error: GatewayError | None = None
             try:
                 chunk = await content.readany()
+                due_s = last_write_s + coalesce_s
+                if chunk and loop.time() < due_s and not content.is_eof():
+                    # It came fast: wait out the interval (the body's end or failure cuts the wait short), then
+                    # write all that came meanwhile.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout_at(due_s):
+                            await content.wait_eof()
+                    chunk += content.read_nowait()
             except aiohttp.ClientError as exc:
-                return BackendUnavailable(f"{backend_label} broke off the stream: {exc or type(exc).__name__}")
+                error = BackendUnavailable(f"{backend_label} broke off the stream: {exc or type(exc).__name__}")
+                if not chunk:
+                    return error
             if not chunk:
                 return None
             if observer is not None:
@@ -133,7 +162,9 @@ async def _pump(
                 await response.write(chunk)
             except ConnectionError:
                 raise ClientGone from None
-            watchdog.last_s = loop.time()
+            if error is not None:
+                return error
+            last_write_s = watchdog.last_s = loop.time()
     except asyncio.CancelledError:
         if not watchdog.fired:
             raise
