@@ -22,9 +22,16 @@ class RecordingResponse:
 
     def __init__(self) -> None:
         self.writes: list[tuple[float, bytes]] = []
+        self.ended = False
 
     async def write(self, data: bytes) -> None:
+        assert not self.ended, "a write after the end of the body"
         self.writes.append((time.monotonic(), bytes(data)))
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        if data:
+            await self.write(data)
+        self.ended = True
 
     @property
     def body(self) -> bytes:
@@ -81,6 +88,7 @@ async def test_a_burst_is_written_in_one_piece_and_its_end_is_not_held_back() ->
     assert recorder.body == b"".join(lines(200))
     assert 1 <= len(recorder.writes) <= 2  # the first read at once; everything after it in one piece
     assert elapsed_s < 5.0  # the body's end woke the relay: it did not sit out the 10 s interval
+    assert recorder.ended  # and the end of the body went out with the last data, in the same write
 
 
 async def test_chunks_after_quiet_gaps_are_each_written_at_once() -> None:
