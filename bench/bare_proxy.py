@@ -9,7 +9,7 @@ Run: python -m bench.bare_proxy PORT UPSTREAM_URL
 
 from __future__ import annotations
 
-import sys
+import argparse
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -46,7 +46,11 @@ def make_app(upstream: str) -> web.Application:
 
 
 def main() -> None:
-    web.run_app(make_app(sys.argv[2].rstrip("/")), host="127.0.0.1", port=int(sys.argv[1]), print=None,
+    parser = argparse.ArgumentParser(description="a bare aiohttp proxy on 127.0.0.1, for bench/overhead.py")
+    parser.add_argument("port", type=int)
+    parser.add_argument("upstream", help="the upstream's root URL, e.g. http://127.0.0.1:11434")
+    args = parser.parse_args()
+    web.run_app(make_app(args.upstream.rstrip("/")), host="127.0.0.1", port=args.port, print=None,
                 access_log=None, loop=uvloop.new_event_loop())
 
 
