@@ -158,9 +158,8 @@ async def pump(
                 return None
             if observer is not None:
                 observer.feed(chunk)
-            last = error is None and content.at_eof()
             try:
-                if last:  # the body's end came with it: send both in one write
+                if error is None and content.at_eof():  # the body's end came with it: send both in one write
                     await response.write_eof(chunk)
                     return None
                 await response.write(chunk)

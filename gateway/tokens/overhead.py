@@ -45,6 +45,8 @@ class OverheadEstimator:
         window: int = 64,
         exact_after: int = 3,
     ) -> None:
+        if window < 1:
+            raise ValueError(f"the overhead window must hold at least one sample, not {window}")
         self.default_per_message_tokens = default_per_message_tokens
         self.default_per_request_tokens = default_per_request_tokens
         self.exact_after = exact_after
