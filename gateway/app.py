@@ -7,6 +7,7 @@ import contextlib
 import functools
 import hmac
 import ipaddress
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -25,7 +26,7 @@ from gateway.gate import Gate
 from gateway.knowledge import Knowledge
 from gateway.memory.vram import VramSource
 from gateway.observability.metrics import CONTENT_TYPE, Metrics
-from gateway.pools import PoolDirectory
+from gateway.pools import PoolDirectory, unadmitted_reason
 from gateway.proxy import Proxy
 from gateway.routes import FALLBACK, ROUTES, Route
 from gateway.tenants import TenantDirectory
@@ -38,6 +39,7 @@ KNOWLEDGE = web.AppKey("knowledge", Knowledge)
 COUNTING = web.AppKey("counting", Counting)
 GATE = web.AppKey("gate", Gate)
 POOLS = web.AppKey("pools", PoolDirectory)
+log = logging.getLogger(__name__)
 METRICS = web.AppKey("metrics", Metrics)
 STARTED = web.AppKey("started", float)
 TENANTS = web.AppKey("tenants", TenantDirectory)
@@ -45,10 +47,15 @@ TENANTS = web.AppKey("tenants", TenantDirectory)
 SessionFactory = Callable[[], aiohttp.ClientSession]
 
 
+UPSTREAM_KEEPALIVE_S = 4.0
+"""Idle upstream connections are closed after this: below llama-server's own 5 s keep-alive (cpp-httplib), so a
+request is never sent on a connection the server is closing (it fails with "Server disconnected")."""
+
+
 def default_session() -> aiohttp.ClientSession:
     """One pooled session for all upstream traffic: bytes pass through undecoded, no cookies are kept."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=UPSTREAM_KEEPALIVE_S),
         auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
@@ -81,6 +88,10 @@ def create_app(
         app[COUNTING] = Counting(settings, session)
         app[KNOWLEDGE] = Knowledge(session, vram_sources)
         pools = PoolDirectory(settings, app[KNOWLEDGE])
+        for backend in registry.backends:
+            reason = unadmitted_reason(backend) if settings.admission.enabled else "admission is off"
+            if reason is not None:
+                log.warning("%s", reason)
         room = WaitingRoom(Ledger())
         app[GATE] = Gate(settings.admission, pools, room)
         metrics.watch_pools(room, pools.known)
@@ -159,7 +170,7 @@ async def _status(request: web.Request) -> web.Response:
         return _forbidden()
     app = request.app
     status = kvgate_api.status_snapshot(app[REGISTRY], app[GATE].room, app[POOLS].known(), time.monotonic()
-                                        - app[STARTED])
+                                        - app[STARTED], app[METRICS].truncation_log.snapshot())
     if "text/html" in request.headers.get("Accept", ""):
         return web.Response(text=kvgate_api.status_html(status), content_type="text/html")
     return web.json_response(status)

@@ -68,7 +68,9 @@ class BackendSettings(_Strict):
     )
     unified_kv: bool | None = Field(default=None, description="llama-server: one KV pool shared by all slots")
     context_tokens: int | None = Field(
-        default=None, ge=256, description="Ollama: the num_ctx to pin every model of this backend to"
+        default=None, ge=256,
+        description="Ollama: the num_ctx kvgate loads models with (a loaded model's own context wins); openai: "
+        "the context per sequence (with parallel, it turns admission on)",
     )
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
@@ -140,6 +142,9 @@ class CountingConfig(_Strict):
     count_budget_s: float = Field(
         default=0.25, gt=0, description="a count slower than this (a tokenizer loading) is estimated meanwhile"
     )
+    refusal_count_wait_s: float = Field(
+        default=60.0, gt=0, description="before refusing or trimming on an estimate, wait this long for the real count"
+    )
 
 
 class TenantSettings(_Strict):
@@ -169,6 +174,9 @@ class AdmissionConfig(_Strict):
     per_tenant_max_active: int | None = Field(default=None, ge=1)
     overtake_window_s: float = Field(default=5.0, ge=0)
     pool_refresh_s: float = Field(default=5.0, gt=0, description="how long a backend's slot layout is reused")
+    probe_wait_s: float = Field(
+        default=10.0, gt=0, description="how long requests wait for a backend's KV layout before a 503"
+    )
     default_context_tokens: int = Field(default=4096, ge=256, description="Ollama context when nothing says")
     max_auto_context_tokens: int = Field(
         default=32768, ge=256, description="Ollama: the largest context kvgate picks itself from free VRAM"

@@ -1,26 +1,28 @@
 """Counting each request's prompt tokens with the best counter for its backend and model.
 
 One counter chain per (backend, model), built on first use and kept, so tokenizers and per-message counts stay
-cached. Counting never fails a request: when no counter can answer, the request goes on without a count.
+cached. Counting never fails a request, and never leaves one uncounted: when no counter can answer, the byte
+estimate (flagged as an estimate) does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 import aiohttp
 
 from gateway.backends import Backend
 from gateway.config import Settings
-from gateway.domain import BackendKind, Operation, ParsedRequest
+from gateway.domain import KV_OPERATIONS, BackendKind, ParsedRequest
 from gateway.tokens import (
     CounterChain,
     CounterUnavailable,
     CountingSettings,
     TokenCount,
     build_counter_chain,
-    count_request,
+    count_prompt,
 )
 from gateway.tokens.estimate import EstimateCounter
 from gateway.tokens.llama_server_counter import probe_chat_template
@@ -28,7 +30,7 @@ from gateway.tokens.llama_server_counter import probe_chat_template
 log = logging.getLogger(__name__)
 
 ESTIMATE_COUNTER = "estimate"
-COUNTED_OPERATIONS = frozenset({Operation.CHAT, Operation.GENERATE})
+COUNTED_OPERATIONS = KV_OPERATIONS
 
 
 def counting_settings(settings: Settings) -> CountingSettings:
@@ -78,54 +80,70 @@ class Counting:
             self._chains[key] = chain
         return chain
 
-    async def count(self, parsed: ParsedRequest, backend: Backend) -> TokenCount | None:
-        """The request's prompt length, or None for requests that have no prompt or can't be counted.
+    async def count(
+        self, parsed: ParsedRequest, backend: Backend, model: str | None = None, *, budget_s: float | None = None
+    ) -> TokenCount:
+        """The prompt length of a chat, generate, Responses or infill request: exact where a counter can, else the
+        flagged estimate.
 
-        A count that takes longer than ``counting.count_budget_s`` (a model's tokenizer is being fetched and built,
-        a llama-server is slow to answer) goes on in the background, for the requests after this one; this one
-        gets the byte estimate, flagged as such, so no request waits on a tokenizer build.
+        A count that takes longer than ``budget_s`` (default ``counting.count_budget_s``: a model's tokenizer is
+        being fetched and built, a llama-server is slow to answer) goes on in the background, for the requests after
+        this one; this one gets the byte estimate, flagged as such, so no request waits on a tokenizer build. A
+        caller that would refuse a request on an estimate asks again with a longer budget, and then waits for the
+        count already under way.
         """
         if parsed.operation not in COUNTED_OPERATIONS:
-            return None
-        key = (backend.name, parsed.model or "")
-        chain = await self.chain(backend, parsed.model or "")
+            raise ValueError(f"{parsed.operation} requests have no prompt to count")
+        model = parsed.model if model is None else model
+        key = (backend.name, model or "")
+        chain = await self.chain(backend, model or "")
+        prompt = parsed.prompt_input
+        budget = self._budget_s if budget_s is None else budget_s
+        running = self._slow.get(key)
+        if running is not None and not running.done() and budget > self._budget_s:
+            await asyncio.wait({running}, timeout=budget)
         if key in self._warm:  # its tokenizer is loaded: no need to guard against a slow load
             try:
-                return await count_request(parsed.body, str(parsed.dialect), chain)
+                return await count_prompt(prompt, chain)
             except CounterUnavailable as exc:
                 log.warning("could not count the prompt: %s", exc.reason)
-                return None
+                return await count_prompt(prompt, self._estimate)
         running = self._slow.get(key)
         if running is None or running.done():
-            task = asyncio.ensure_future(count_request(parsed.body, str(parsed.dialect), chain))
-            done, _ = await asyncio.wait({task}, timeout=self._budget_s)
+            task = asyncio.ensure_future(count_prompt(prompt, chain))
+            done, _ = await asyncio.wait({task}, timeout=budget)
             if done:
                 try:
                     result = task.result()
                 except CounterUnavailable as exc:
                     log.warning("could not count the prompt: %s", exc.reason)
-                    return None
+                    return await count_prompt(prompt, self._estimate)
                 if result.counter != ESTIMATE_COUNTER:
                     self._warm.add(key)
                 return result
-            task.add_done_callback(_settle)
+            task.add_done_callback(functools.partial(self._settle, key))
             self._slow[key] = task
             log.info("counting for model %r on %s takes over %g s (a tokenizer loading?); estimating meanwhile",
-                     parsed.model, backend.describe(), self._budget_s)
-        return await count_request(parsed.body, str(parsed.dialect), self._estimate)
+                     model, backend.describe(), budget)
+        return await count_prompt(prompt, self._estimate)
+
+    def _settle(self, key: tuple[str, str], task: asyncio.Future[TokenCount]) -> None:
+        """A background count finished: its counter is warm now (or its failure is read, so asyncio does not
+        report it as lost)."""
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            log.debug("background count failed: %s", task.exception())
+        elif task.result().counter != ESTIMATE_COUNTER:
+            self._warm.add(key)
 
     async def calibrate(self, parsed: ParsedRequest, backend: Backend, observed_prompt_tokens: int) -> None:
         """Learn a model's template overhead from the prompt length its backend reported."""
         chain = self._chains.get((backend.name, parsed.model or ""))
-        if chain is None or not parsed.messages:
+        messages = parsed.prompt_input.messages
+        if chain is None or not messages:
             return
-        await chain.calibrate(list(parsed.messages), list(parsed.tools), observed_prompt_tokens)
-
-
-def _settle(task: asyncio.Future[TokenCount]) -> None:
-    """A background count's outcome is not needed; read its exception so asyncio doesn't report it as lost."""
-    if not task.cancelled() and task.exception() is not None:
-        log.debug("background count failed: %s", task.exception())
+        await chain.calibrate(list(messages), list(parsed.prompt_input.tools), observed_prompt_tokens)
 
 
 def count_headers(count: TokenCount | None) -> dict[str, str]:

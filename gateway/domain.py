@@ -25,6 +25,8 @@ class Operation(StrEnum):
 
     CHAT = "chat"
     GENERATE = "generate"
+    RESPONSES = "responses"
+    INFILL = "infill"
     EMBED = "embed"
     TOKENIZE = "tokenize"
     COUNT = "count"
@@ -42,9 +44,50 @@ class BackendKind(StrEnum):
     OPENAI = "openai"
 
 
+FieldPath = tuple[str, ...]
+"""Where a field sits in a JSON body: ``("options", "num_predict")``."""
+
+KV_OPERATIONS = frozenset({Operation.CHAT, Operation.GENERATE, Operation.RESPONSES, Operation.INFILL})
+"""Operations whose requests allocate KV cells for a sequence (a prompt and its output)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputLimit:
+    """Where a body carries its output limit and what it asks for, read by the dialect that owns the body.
+
+    ``tokens`` is the most a backend may generate per sequence under this body: the largest value among the limit
+    fields present (each backend obeys a different one: llama-server takes ``n_predict`` before
+    ``max_completion_tokens`` before ``max_tokens``, Ollama's /v1 only ``max_tokens``), None when no field is present
+    or any is negative (-1 means "no limit" to Ollama and llama-server). ``fields`` lists every limit field present;
+    ``write_to`` is the field every backend of the route reads, written when the body has none.
+    """
+
+    tokens: int | None = None
+    fields: tuple[FieldPath, ...] = ()
+    write_to: FieldPath = ("max_tokens",)
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """What a backend turns into prompt tokens, normalized by the dialect: a chat (the messages its template sees,
+    system prompts included, and OpenAI-shaped tools) or a text prompt (a string, token ids, a mix, or a list of
+    them). ``exact_shape`` is False when the dialect could only approximate what the backend renders (infill's
+    FIM tokens, Responses items it does not know): a count of it is an estimate."""
+
+    messages: tuple[dict[str, Any], ...] | None = None
+    text: Any = None
+    tools: tuple[dict[str, Any], ...] = ()
+    exact_shape: bool = True
+
+
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
-    """A validated request body: the fields later stages read, plus the original JSON."""
+    """A validated request body: the fields later stages read, plus the original JSON.
+
+    ``messages`` is the body's own ``messages`` array (what trimming may shorten); ``prompt_input`` is what the
+    backend will tokenize, in one shape for every dialect; ``num_ctx_field`` is where the body can carry a context
+    size (Ollama's native routes only); ``sequences`` is how many completions one request asks for (``n``).
+    """
 
     dialect: Dialect
     operation: Operation
@@ -56,3 +99,8 @@ class ParsedRequest:
     max_output_tokens: int | None = None
     tools: tuple[dict[str, Any], ...] = ()
     body: dict[str, Any] = field(default_factory=dict)
+    prompt_input: Prompt = Prompt()
+    output: OutputLimit = OutputLimit()
+    num_ctx_field: FieldPath | None = None
+    sequences: int = 1
+    allocates_kv: bool = False

@@ -5,6 +5,8 @@
     │   └── InvalidField         400  a JSON field is missing or has the wrong type
     ├── Unauthorized             401  no API key, or one no tenant has (when keys are required)
     ├── PayloadTooLarge          413  the body is over ``server.max_body_bytes``
+    ├── ModelNotFound            404  no backend serves the model the request names
+    ├── BackendNotReady          503  the backend's KV pool can't be learned right now (with Retry-After)
     ├── BackendUnavailable       502  the backend refused the connection or broke it before answering
     ├── BackendTimeout           504  the backend did not answer (or stalled) within a configured timeout
     └── InternalError            500  a bug in kvgate; logged with a traceback, rendered without one
@@ -21,6 +23,8 @@ class GatewayError(Exception):
 
     status: int = 500
     code: str = "internal_error"
+    retry_after_s: float | None = None
+    """Sent as ``Retry-After`` when set: when it makes sense to try again."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -56,6 +60,25 @@ class PayloadTooLarge(GatewayError):
 
     status = 413
     code = "payload_too_large"
+
+
+class ModelNotFound(GatewayError):
+    """Raised when a request names a model that no backend lists (after refreshing the lists)."""
+
+    status = 404
+    code = "model_not_found"
+
+
+class BackendNotReady(GatewayError):
+    """Raised when a request would allocate KV on a backend whose pool can't be probed now; never forwarded
+    unaccounted."""
+
+    status = 503
+    code = "backend_not_ready"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class BackendUnavailable(GatewayError):

@@ -11,11 +11,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gateway import dialects
 from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, Rewrites, WaitingRoom
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
 from gateway.backends import Backend
 from gateway.config import AdmissionConfig
-from gateway.domain import Dialect, Operation, ParsedRequest
+from gateway.counting import count_headers
+from gateway.domain import ParsedRequest
 from gateway.errors import BadRequest
 from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.fitting.trim import trim_history
@@ -23,7 +25,7 @@ from gateway.pools import PoolDirectory
 from gateway.tenants import Tenant
 from gateway.tokens import TokenCount
 
-Recount = Callable[[ParsedRequest], Awaitable[TokenCount | None]]
+Recount = Callable[[ParsedRequest], Awaitable[TokenCount]]
 
 
 def policy_from(config: AdmissionConfig) -> Policy:
@@ -52,9 +54,9 @@ class Admission:
             self.permit.release()
 
 
-def _tenant_capped(parsed: ParsedRequest, path: str, raw: bytes, cap: int | None) -> Admission:
+def _tenant_capped(parsed: ParsedRequest, raw: bytes, cap: int | None) -> Admission:
     """Without a pool to plan against, only the tenant's output cap applies."""
-    body, changes = apply_rewrites(parsed, path, Rewrites(max_output_tokens=cap))
+    body, changes = apply_rewrites(parsed, Rewrites(max_output_tokens=cap))
     if body is None:
         return Admission(raw)
     return Admission(encode_body(body), {"X-Kvgate-Rewrite": "; ".join(changes)})
@@ -67,9 +69,13 @@ def _check_prompt_cap(tenant: Tenant, count: TokenCount) -> None:
                          "ask for a larger cap")
 
 
-def _is_unload(parsed: ParsedRequest) -> bool:
-    """Ollama's load/unload requests (no prompt, no messages) hold no sequence."""
-    return parsed.dialect is Dialect.OLLAMA and not parsed.messages and not parsed.prompt
+def _output_cap(parsed: ParsedRequest, tenant: Tenant) -> tuple[int | None, bool]:
+    """The output limit to plan with (the client's, lowered to the tenant's cap) and whether the cap lowered it."""
+    limit = parsed.output.tokens
+    cap = tenant.max_output_tokens
+    if cap is not None and (limit is None or limit > cap):
+        return cap, True
+    return limit, False
 
 
 class Gate:
@@ -79,48 +85,59 @@ class Gate:
         self._pools = pools
         self.room = room
 
+    async def pool_for(self, backend: Backend, model: str | None) -> PoolSpec | None:
+        """The pool a KV-allocating request lands in; None when admission is off or the backend is forwarded
+        without it. Raises BackendNotReady (503) rather than answer None for a backend it can't probe now."""
+        if not self._config.enabled:
+            return None
+        return await self._pools.pool_for(backend, model)
+
+    def model_may_have_reloaded(self, backend: Backend, model: str | None) -> None:
+        """After a request that may have (re)loaded a model at another context, its layout is read anew."""
+        if model:
+            self._pools.mark_stale(backend, model)
+
     async def admit(
         self,
         parsed: ParsedRequest,
-        path: str,
         raw: bytes,
-        backend: Backend,
-        count: TokenCount | None,
+        pool: PoolSpec | None,
+        count: TokenCount,
         tenant: Tenant,
         is_disconnected: Callable[[], bool],
         recount: Recount,
     ) -> Admission:
-        if parsed.operation not in (Operation.CHAT, Operation.GENERATE) or _is_unload(parsed):
-            return Admission(raw)
-        if count is not None:
-            _check_prompt_cap(tenant, count)
-        limit = parsed.max_output_tokens
-        limit = limit if limit is not None and limit >= 0 else None
-        capped = tenant.max_output_tokens is not None and (limit is None or limit > tenant.max_output_tokens)
-        pool = None
-        if self._config.enabled and count is not None and parsed.model is not None:
-            pool = await self._pools.pool_for(backend, parsed.model)
-        if pool is None or count is None:
-            return _tenant_capped(parsed, path, raw, tenant.max_output_tokens if capped else None)
+        """Reserve the request's sequences in ``pool`` (waiting if it must) and rewrite its body as planned."""
+        _check_prompt_cap(tenant, count)
+        limit, capped = _output_cap(parsed, tenant)
+        if pool is None:
+            return _tenant_capped(parsed, raw, limit if capped else None)
         cost = RequestCost(
             prompt_tokens=count.tokens,
             prompt_exact=count.exact,
-            max_output_tokens=tenant.max_output_tokens if capped else limit,
+            max_output_tokens=limit,
             requested_num_ctx=parsed.num_ctx_tokens if (parsed.num_ctx_tokens or 0) > 0 else None,
             tenant=tenant.name,
             priority=tenant.priority,
+            sequences=parsed.sequences,
         )
         policy = self._policy
         if tenant.max_active is not None:
             policy = replace(policy, per_tenant_max_active=tenant.max_active)
         headers: dict[str, str] = {}
         trimmed_body = False
-        try:
-            permit = await self.room.acquire(pool.key, pool, cost, policy, is_disconnected=is_disconnected)
-        except AdmissionRejected as exc:
-            trimmed = await self._trim(exc, parsed, pool, cost, recount)
+        permit = await self._acquire(pool, cost, policy, is_disconnected)
+        if isinstance(permit, AdmissionRejected) and not cost.prompt_exact:
+            # refused on an estimate: wait for the real count (the model's tokenizer may still be loading)
+            counted = await recount(parsed)
+            if counted.exact:
+                cost = replace(cost, prompt_tokens=counted.tokens, prompt_exact=True)
+                headers.update(count_headers(counted))
+                permit = await self._acquire(pool, cost, policy, is_disconnected)
+        if isinstance(permit, AdmissionRejected):
+            trimmed = await self._trim(permit, parsed, pool, cost, recount)
             if trimmed is None:
-                raise
+                raise permit
             parsed, cost, note = trimmed
             trimmed_body = True
             headers.update({"X-Kvgate-Trimmed": note, "X-Kvgate-Prompt-Tokens": str(cost.prompt_tokens)})
@@ -129,7 +146,7 @@ class Gate:
         if capped and rewrites.max_output_tokens is None:
             rewrites = replace(rewrites, max_output_tokens=cost.max_output_tokens)
         try:
-            body, changes = apply_rewrites(parsed, path, rewrites)
+            body, changes = apply_rewrites(parsed, rewrites)
             if body is None and trimmed_body:
                 body = parsed.body
             forwarded = raw if body is None else encode_body(body)
@@ -142,6 +159,17 @@ class Gate:
             headers["X-Kvgate-Rewrite"] = "; ".join(changes)
         return Admission(forwarded, headers, permit)
 
+    async def _acquire(
+        self, pool: PoolSpec, cost: RequestCost, policy: Policy, is_disconnected: Callable[[], bool]
+    ) -> Permit | AdmissionRejected:
+        """A permit, or the refusal of a prompt too long for the context (which trimming may still cure)."""
+        try:
+            return await self.room.acquire(pool.key, pool, cost, policy, is_disconnected=is_disconnected)
+        except AdmissionRejected as exc:
+            if exc.code != CONTEXT_LENGTH_EXCEEDED:
+                raise
+            return exc
+
     async def _trim(
         self, rejected: AdmissionRejected, parsed: ParsedRequest, pool: PoolSpec, cost: RequestCost, recount: Recount
     ) -> tuple[ParsedRequest, RequestCost, str] | None:
@@ -152,15 +180,15 @@ class Gate:
         margin = 1.0 if cost.prompt_exact else 1.0 + self._config.estimate_margin
         target = int((pool.slot_ctx_tokens - output - 1) / margin)
 
+        def with_messages(messages: list[dict[str, Any]]) -> ParsedRequest:
+            body = {**parsed.body, "messages": messages}
+            return dialects.parse(parsed.dialect, parsed.operation, body, "")
+
         async def count(messages: list[dict[str, Any]]) -> int:
-            counted = await recount(replace(parsed, messages=tuple(messages),
-                                            body={**parsed.body, "messages": messages}))
-            return counted.tokens if counted is not None else 1 << 30
+            return (await recount(with_messages(messages))).tokens
 
         trimmed = await trim_history(list(parsed.messages), count, target)
         if trimmed is None:
             return None
-        body = {**parsed.body, "messages": trimmed.messages}
         note = trimmed.describe(len(parsed.messages), cost.prompt_tokens)
-        return (replace(parsed, messages=tuple(trimmed.messages), body=body),
-                replace(cost, prompt_tokens=trimmed.prompt_tokens), note)
+        return with_messages(trimmed.messages), replace(cost, prompt_tokens=trimmed.prompt_tokens), note

@@ -16,6 +16,7 @@ from gateway.memory.presets import find_preset, preset_profile
 from gateway.memory.prober import LlamaServerProber, OllamaProber
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.gguf import profile_from_gguf
+from gateway.memory.sources.llamacpp import ServerProps
 from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import CachedVramSource, StaticVramSource, VramReading, VramSource
 from gateway.memory.vram_exporter import ExporterSource
@@ -32,29 +33,42 @@ class Knowledge:
 
     async def profile(self, backend: Backend, model: str) -> ModelProfile:
         """The model's profile as the backend serves it; raises ProbeError when the backend can't tell."""
-        settings = backend.settings
         if backend.kind is BackendKind.OLLAMA:
-            prober = self._ollama.setdefault(backend.name, OllamaProber(self._session, settings.url))
-            return await prober.profile(model)
+            return await self._ollama_prober(backend).profile(model)
         if backend.kind is BackendKind.LLAMA_SERVER:
-            llama = self._llama.get(backend.name)
-            if llama is None:
-                llama = LlamaServerProber(
-                    self._session, settings.url, gguf_path=settings.gguf_path, fallback=local_profile(model),
-                    configured_unified=settings.unified_kv, configured_parallel=settings.parallel,
-                    api_key=backend.api_key,
-                )
-                self._llama[backend.name] = llama
-            return await llama.profile()
+            return await self._llama_prober(backend, model).profile()
         profile = local_profile(model)
         if profile is None:
             raise LookupError(f"{backend.describe()} is an OpenAI-style server that reports no model metadata, "
                               f"and {model!r} is not a preset or a GGUF path")
         return profile
 
+    def _llama_prober(self, backend: Backend, model: str | None = None) -> LlamaServerProber:
+        llama = self._llama.get(backend.name)
+        if llama is None:
+            settings = backend.settings
+            llama = LlamaServerProber(
+                self._session, settings.url, gguf_path=settings.gguf_path,
+                fallback=local_profile(model) if model else None, configured_unified=settings.unified_kv,
+                configured_parallel=settings.parallel, api_key=backend.api_key,
+            )
+            self._llama[backend.name] = llama
+        return llama
+
+    async def llama_props(self, backend: Backend) -> ServerProps:
+        """llama-server's /props (per-slot context, slots, model file): all a token pool needs, no GGUF."""
+        return await self._llama_prober(backend).props()
+
+    def _ollama_prober(self, backend: Backend) -> OllamaProber:
+        return self._ollama.setdefault(backend.name, OllamaProber(self._session, backend.settings.url))
+
+    async def load_model(self, backend: Backend, model: str, num_ctx: int | None) -> None:
+        """Ollama: load the model (an empty /api/generate), at ``num_ctx`` or at Ollama's own default."""
+        await self._ollama_prober(backend).load(model, num_ctx)
+
     async def loaded_model(self, backend: Backend, model: str) -> LoadedModel | None:
         """Ollama: the model as /api/ps shows it loaded now (size, size_vram, context), None when not loaded."""
-        prober = self._ollama.setdefault(backend.name, OllamaProber(self._session, backend.settings.url))
+        prober = self._ollama_prober(backend)
         names = {model, f"{model}:latest"}
         return next((loaded for loaded in await prober.loaded() if loaded.name in names), None)
 

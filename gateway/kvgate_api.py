@@ -154,8 +154,6 @@ def count_handler(deps: CountDeps) -> Callable[[web.Request], Awaitable[web.Resp
             parsed = dialects.parse(route.dialect, route.operation, body, route.path)
             backend = await registry.resolve(parsed.model, route.kind)
             result = await counting.count(parsed, backend)
-            if result is None:
-                raise BackendUnavailable(f"no counter could count this request for {backend.describe()}")
         except GatewayError as exc:
             return _error(exc)
         return web.json_response({
@@ -167,9 +165,11 @@ def count_handler(deps: CountDeps) -> Callable[[web.Request], Awaitable[web.Resp
 
 
 def status_snapshot(
-    registry: BackendRegistry, room: WaitingRoom, pools: dict[tuple[str, str], PoolSpec], uptime_s: float
+    registry: BackendRegistry, room: WaitingRoom, pools: dict[tuple[str, str], PoolSpec], uptime_s: float,
+    truncations: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Backends, their models, and every KV pool with its reservations and queue, as JSON."""
+    """Backends, their models, every KV pool with its reservations and queue, and the silent truncations seen in
+    replies (``TruncationLog.snapshot()``), as JSON."""
     stats = room.stats()
     pool_rows = []
     for key in sorted({*pools, *room.ledger.keys(), *stats}):
@@ -199,6 +199,7 @@ def status_snapshot(
             for b in registry.backends
         ],
         "pools": pool_rows,
+        "truncations": truncations or {"counts": [], "recent": []},
     }
 
 
@@ -213,11 +214,20 @@ def status_html(status: dict[str, Any]) -> str:
         f"<tr>{cells([b['name'], b['kind'], b['url'], ', '.join(b['models']), b['last_error'] or ''])}</tr>"
         for b in status["backends"])
     pool_rows = "".join(f"<tr>{cells([p[c] for c in pool_columns])}</tr>" for p in status["pools"])
+    truncations = status["truncations"]
+    count_rows = "".join(f"<tr>{cells([c['backend'], c['model'], c['truncations']])}</tr>"
+                         for c in truncations["counts"])
+    event_columns = ["at", "request_id", "backend", "model", "counted_tokens", "reported_tokens"]
+    event_rows = "".join(f"<tr>{cells([e[c] for c in event_columns])}</tr>" for e in truncations["recent"])
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>kvgate status</title>"
         "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:left}</style></head><body>"
         f"<h1>kvgate {html.escape(status['version'])}</h1><p>up {status['uptime_s']} s</p>"
         f"<h2>Backends</h2><table><tr>{cells(['name', 'kind', 'url', 'models', 'last error'], 'th')}</tr>"
         f"{backend_rows}</table>"
-        f"<h2>KV pools</h2><table><tr>{cells(pool_columns, 'th')}</tr>{pool_rows}</table></body></html>"
+        f"<h2>KV pools</h2><table><tr>{cells(pool_columns, 'th')}</tr>{pool_rows}</table>"
+        "<h2>Silent truncations</h2><p>replies whose reported prompt length is short of kvgate's count: the "
+        "backend cut the prompt without saying so</p>"
+        f"<table><tr>{cells(['backend', 'model', 'truncations'], 'th')}</tr>{count_rows}</table>"
+        f"<h3>Latest</h3><table><tr>{cells(event_columns, 'th')}</tr>{event_rows}</table></body></html>"
     )

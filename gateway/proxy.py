@@ -9,6 +9,7 @@ Later stages (count, plan, transform, reserve) plug in between route and forward
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -19,17 +20,18 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway import dialects
+from gateway import dialects, truncation
 from gateway.admission import AdmissionRejected
 from gateway.backends import Backend, BackendRegistry, models
 from gateway.config import Settings
 from gateway.counting import Counting, count_headers
-from gateway.domain import BackendKind, Dialect, ParsedRequest
+from gateway.domain import KV_OPERATIONS, BackendKind, Dialect, Operation, ParsedRequest
 from gateway.errors import BackendTimeout, BackendUnavailable, GatewayError, InternalError, PayloadTooLarge
 from gateway.gate import Gate
 from gateway.headers import REQUEST_ID, upstream_request_headers
-from gateway.observability.logs import request_id_var
-from gateway.observability.metrics import Metrics, record
+from gateway.observability.logs import request_id_var, sanitize
+from gateway.observability.metrics import Metrics, record, record_truncation
+from gateway.observability.truncations import model_label
 from gateway.routes import FALLBACK, Handling, Route, fallback_dialect
 from gateway.streaming import relay
 from gateway.tenants import Tenant, TenantDirectory
@@ -53,6 +55,13 @@ def request_id_for(request: web.Request) -> str:
     if 0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isprintable() and given.isascii():
         return given
     return uuid.uuid4().hex
+
+
+def _error_headers(error: GatewayError, request_id: str) -> dict[str, str]:
+    headers = {REQUEST_ID: request_id}
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+    return headers
 
 
 class Proxy:
@@ -120,7 +129,7 @@ class Proxy:
             status=error.status,
             body=dialects.error_body(dialect, error),
             content_type="application/json",
-            headers={REQUEST_ID: request_id},
+            headers=_error_headers(error, request_id),
         )
 
     async def _dispatch(
@@ -132,39 +141,81 @@ class Proxy:
             model = request.match_info.get("model")
             backend = await self._registry.resolve(model, route.kind)
             body = request.content.iter_any() if request.body_exists else None
-            return await self._forward(request, backend, body, dialect, request_id, {})
+            try:
+                return await self._forward(request, backend, body, dialect, request_id, {})
+            finally:
+                if route.operation is Operation.MANAGE:
+                    backend.listed_at_s = None  # a pull, create, copy or delete: list its models anew when asked
         raw = await self._read_body(request)
         parsed = dialects.parse(dialect, route.operation, dialects.decode_body(raw), request.path)
         backend = await self._registry.resolve(parsed.model, route.kind)
-        count = await self._counting.count(parsed, backend)
-        observer = None
-        if count is not None and count.counter != ESTIMATE_COUNTER and backend.kind is BackendKind.OLLAMA:
-            observer = UsageObserver()
+        if not parsed.allocates_kv:
+            try:
+                return await self._forward(request, backend, raw, dialect, request_id, {})
+            finally:
+                self._after_load_request(parsed, backend)
+        model = await self._registry.target_model(backend, parsed.model)
+        pool = await self._gate.pool_for(backend, model)
+        model = pool.model if pool is not None else model
+        count = await self._counting.count(parsed, backend, model)
+        observer = UsageObserver() if count is not None else None  # every counted reply: truncation check
         admission = await self._gate.admit(
-            parsed, request.path, raw, backend, count, tenant, lambda: _gone(request),
-            lambda changed: self._counting.count(changed, backend),
+            parsed, raw, pool, count, tenant, lambda: _gone(request),
+            lambda changed: self._counting.count(
+                changed, backend, model, budget_s=self._settings.counting.refusal_count_wait_s),
         )
         try:
             headers = {**count_headers(count), **admission.headers}
             response = await self._forward(request, backend, admission.body, dialect, request_id, headers, observer)
         finally:
             admission.release()
+            if backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
+                self._gate.model_may_have_reloaded(backend, model)  # /v1 loads at Ollama's own default context
         if observer is not None and count is not None and response.status == 200:
-            await self._observe(parsed, backend, count, observer.prompt_tokens())
+            await self._observe(parsed, backend, count, observer.prompt_tokens(), response.headers, model)
         return response
 
-    async def _observe(self, parsed: ParsedRequest, backend: Backend, count: TokenCount, seen: int | None) -> None:
-        """Learn the model's template overhead from the prompt length the backend reported (the estimator
-        ignores samples below the content's own tokens: those prompts were cut short by the backend)."""
+    def _after_load_request(self, parsed: ParsedRequest, backend: Backend) -> None:
+        """An Ollama chat or generate without a prompt loads (or unloads) the model: its context is read anew."""
+        if backend.kind is BackendKind.OLLAMA and parsed.operation in KV_OPERATIONS and parsed.model:
+            self._gate.model_may_have_reloaded(backend, parsed.model)
+
+    async def _observe(
+        self, parsed: ParsedRequest, backend: Backend, count: TokenCount, seen: int | None, sent: Mapping[str, str],
+        model: str,
+    ) -> None:
+        """Check the prompt length the backend reported against kvgate's count (a silent truncation is logged,
+        counted and shown on the status page), then, for Ollama with a real count, learn the model's template
+        overhead from it (the estimator ignores samples below the content's own tokens: those prompts were cut)."""
         if seen is None:
             return
-        if parsed.num_ctx_tokens is not None and count.tokens > parsed.num_ctx_tokens and seen < count.tokens:
-            log.warning(
-                "backend reported %d prompt tokens for a prompt counted at %d, over num_ctx %d: it truncated the "
-                "prompt silently", seen, count.tokens, parsed.num_ctx_tokens,
-                extra={"backend": backend.name, "model": parsed.model},
-            )
-        await self._counting.calibrate(parsed, backend, seen)
+        found = truncation.check_reply(sent, seen, estimate_margin=self._settings.counting.estimate_safety_margin)
+        if found is not None:
+            self._report_truncation(parsed, backend, model, found)
+        if count.counter != ESTIMATE_COUNTER and backend.kind is BackendKind.OLLAMA:
+            await self._counting.calibrate(parsed, backend, seen)
+
+    def _report_truncation(
+        self, parsed: ParsedRequest, backend: Backend, model: str, found: truncation.Truncation
+    ) -> None:
+        """Log, count and keep for the status page; the metric's model label is bounded by the backend's list."""
+        request_id = request_id_var.get()
+        label = model_label(backend.models, model or parsed.model)
+        log.warning("silent truncation: %s; backend '%s', model '%s' (asked as '%s'): it cut the prompt",
+                    found.describe(), backend.name, label, sanitize(parsed.model or ""),
+                    extra={"request_id": request_id, "backend": backend.name, "model": label,
+                           "counted_tokens": found.counted_tokens, "reported_tokens": found.reported_tokens})
+        record_truncation(self._metrics, request_id=request_id, backend=backend.name, model=label,
+                          counted_tokens=found.counted_tokens, reported_tokens=found.reported_tokens,
+                          counter=found.counter)
+
+    def _truncation_header(self, observer: UsageObserver, status: int, sent: Mapping[str, str]) -> dict[str, str]:
+        """For a reply held whole before its headers go out: name a silent truncation in a header."""
+        if status != 200:
+            return {}
+        found = truncation.check_reply(sent, observer.prompt_tokens(),
+                                       estimate_margin=self._settings.counting.estimate_safety_margin)
+        return {truncation.TRUNCATED_HEADER: found.describe()} if found is not None else {}
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = int(self._settings.server.max_body_bytes)
@@ -203,6 +254,7 @@ class Proxy:
                 request, upstream, dialect=dialect, idle_s=timeouts.idle_s, request_id=request_id,
                 backend_label=backend.describe(), extra_headers={"X-Kvgate-Backend": backend.name, **headers_out},
                 observer=observer, coalesce_s=self._settings.server.stream_coalesce_s,
+                held_headers=None if observer is None else functools.partial(self._truncation_header, observer),
             )
         finally:
             upstream.close()

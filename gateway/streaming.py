@@ -13,6 +13,11 @@ changes. A fast backend then costs the client and kvgate one write and one wake-
     backend:  c1 . . . . . . . c2 c3 c4 c5 c6 . . . . . . . . . c7  (end)
     client:   c1 . . . . . . . c2 . . .|c3-c6 . . . . . . . . . c7  (end)
                                  <- coalesce_s ->
+
+Held bodies. A body that is not a stream is read whole before the headers go out when it is small
+(``SMALL_BODY_BYTES``), or, when the caller wants headers that depend on the body (``held_headers``: kvgate names a
+silent truncation it read in the reply), when it ends within ``HELD_BODY_BYTES``. A larger one is sent on as it comes:
+what was held goes first, the rest streams. Streams (NDJSON, SSE) are never held.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -37,6 +42,12 @@ log = logging.getLogger(__name__)
 
 SMALL_BODY_BYTES = 256 * 1024
 """Bodies of known length up to this size that are not streams are read whole and sent in one write."""
+HELD_BODY_BYTES = 4 * 1024 * 1024
+"""With ``held_headers``: non-stream bodies up to this size are read whole before the headers are sent. A chat
+reply is far smaller; the bound keeps a huge body from sitting in memory."""
+
+HeldHeaders = Callable[[int, Mapping[str, str]], Mapping[str, str]]
+"""(status, the headers about to be sent) -> headers to add, once the whole body was read and fed to the observer."""
 
 
 class ClientGone(Exception):
@@ -54,6 +65,7 @@ async def relay(
     extra_headers: dict[str, str],
     observer: UsageObserver | None = None,
     coalesce_s: float = 0.0,
+    held_headers: HeldHeaders | None = None,
 ) -> web.StreamResponse:
     headers = downstream_response_headers(upstream.headers, request_id=request_id)
     headers.update(extra_headers)
@@ -61,21 +73,23 @@ async def relay(
     if observer is not None:
         observer.begin(upstream.headers.get("Content-Type", ""))
     length = upstream.content_length
-    if kind is None and length is not None and length <= SMALL_BODY_BYTES:
-        try:
-            async with asyncio.timeout(idle_s):
-                body = await upstream.read()
-        except TimeoutError:
-            raise BackendTimeout(f"{backend_label} stalled: no data for {idle_s:g} s (timeouts.idle_s)") from None
-        except aiohttp.ClientError as exc:
-            raise BackendUnavailable(f"{backend_label} broke off its response: {exc or type(exc).__name__}") from None
+    hold_bytes = HELD_BODY_BYTES if held_headers is not None else SMALL_BODY_BYTES
+    held = b""
+    held_whole = held_headers is not None if length is None else length <= hold_bytes
+    if kind is None and held_whole:
+        held, whole = await _hold(upstream, hold_bytes, idle_s=idle_s, backend_label=backend_label)
         if observer is not None:
-            observer.feed(body)
-        return web.Response(status=upstream.status, reason=upstream.reason, headers=headers, body=body)
+            observer.feed(held)
+        if whole:
+            if held_headers is not None:
+                headers.update(held_headers(upstream.status, headers))
+            return web.Response(status=upstream.status, reason=upstream.reason, headers=headers, body=held)
 
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     await response.prepare(request)
     try:
+        if held:
+            await _write_held(response, held)
         error = await pump(upstream, response, idle_s=idle_s, coalesce_s=coalesce_s, backend_label=backend_label,
                             observer=observer)
     except ClientGone:
@@ -94,6 +108,35 @@ async def relay(
     elif request.transport is not None:
         request.transport.close()
     return response
+
+
+async def _hold(
+    upstream: aiohttp.ClientResponse, limit_bytes: int, *, idle_s: float, backend_label: str
+) -> tuple[bytes, bool]:
+    """Read the body until it ends or passes ``limit_bytes``: what came, and whether that is all of it."""
+    content = upstream.content
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while size <= limit_bytes:
+            async with asyncio.timeout(idle_s):
+                chunk = await content.readany()
+            if not chunk:
+                return b"".join(chunks), True
+            chunks.append(chunk)
+            size += len(chunk)
+    except TimeoutError:
+        raise BackendTimeout(f"{backend_label} stalled: no data for {idle_s:g} s (timeouts.idle_s)") from None
+    except aiohttp.ClientError as exc:
+        raise BackendUnavailable(f"{backend_label} broke off its response: {exc or type(exc).__name__}") from None
+    return b"".join(chunks), content.at_eof()
+
+
+async def _write_held(response: web.StreamResponse, held: bytes) -> None:
+    try:
+        await response.write(held)
+    except ConnectionError:
+        raise ClientGone from None
 
 
 class _IdleWatchdog:

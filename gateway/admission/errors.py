@@ -19,6 +19,8 @@ from gateway.errors import GatewayError
 QUEUE_FULL = "queue_full"
 QUEUE_TIMEOUT = "queue_timeout"
 CLIENT_CLOSED = "client_closed_request"
+RETRY_AFTER_S = 1.0
+"""A full pool frees up as soon as one sequence ends: a 503 from admission asks the client back after a second."""
 
 
 class AdmissionRejected(GatewayError):
@@ -29,6 +31,8 @@ class AdmissionRejected(GatewayError):
         self.reject = reject
         self.status = reject.status
         self.code = reject.code
+        if reject.status == 503:
+            self.retry_after_s = RETRY_AFTER_S
 
 
 def queue_full(key: PoolKey, queued: int, max_queue: int) -> Reject:

@@ -33,24 +33,31 @@ from gateway.admission.model import LedgerSnapshot, PoolKey
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """A sequence's hold on a pool: a ledger-unique id, the pool, the tokens it reserved and whose it is."""
+    """A request's hold on a pool: a ledger-unique id, the pool, the tokens it reserved, whose it is, and how many
+    sequences it runs (OpenAI ``n``: one request, several completions)."""
 
     id: int
     key: PoolKey
     tokens: int
     tenant: str
+    sequences: int = 1
 
 
 @dataclass(slots=True)
 class _Book:
     live: dict[int, Reservation] = field(default_factory=dict)
     reserved_tokens: int = 0
+    active_sequences: int = 0
     per_tenant_active: Counter[str] = field(default_factory=Counter)
 
     def check(self) -> None:
         assert self.reserved_tokens >= 0, self.reserved_tokens
         assert self.reserved_tokens == sum(r.tokens for r in self.live.values()), (self.reserved_tokens, self.live)
-        assert self.per_tenant_active == Counter(r.tenant for r in self.live.values()), self.per_tenant_active
+        assert self.active_sequences == sum(r.sequences for r in self.live.values()), self.active_sequences
+        tenants: Counter[str] = Counter()
+        for reservation in self.live.values():
+            tenants[reservation.tenant] += reservation.sequences
+        assert self.per_tenant_active == tenants, self.per_tenant_active
         assert all(count > 0 for count in self.per_tenant_active.values()), self.per_tenant_active
 
 
@@ -65,17 +72,18 @@ class Ledger:
         book = self._books.get(key)
         if book is None:
             return LedgerSnapshot()
-        return LedgerSnapshot(len(book.live), book.reserved_tokens, book.per_tenant_active)
+        return LedgerSnapshot(book.active_sequences, book.reserved_tokens, book.per_tenant_active)
 
-    def reserve(self, key: PoolKey, tokens: int, tenant: str) -> Reservation:
-        if tokens < 0:
-            raise ValueError(f"a reservation of {tokens} tokens; it can't be negative")
+    def reserve(self, key: PoolKey, tokens: int, tenant: str, sequences: int = 1) -> Reservation:
+        if tokens < 0 or sequences < 1:
+            raise ValueError(f"a reservation of {tokens} tokens for {sequences} sequences; neither can be negative")
         key = PoolKey(*key)
-        reservation = Reservation(next(self._ids), key, tokens, tenant)
+        reservation = Reservation(next(self._ids), key, tokens, tenant, sequences)
         book = self._books.setdefault(key, _Book())
         book.live[reservation.id] = reservation
         book.reserved_tokens += tokens
-        book.per_tenant_active[tenant] += 1
+        book.active_sequences += sequences
+        book.per_tenant_active[tenant] += sequences
         return reservation
 
     def release(self, reservation: Reservation) -> bool:
@@ -85,7 +93,8 @@ class Ledger:
             return False
         del book.live[reservation.id]
         book.reserved_tokens -= reservation.tokens
-        book.per_tenant_active[reservation.tenant] -= 1
+        book.active_sequences -= reservation.sequences
+        book.per_tenant_active[reservation.tenant] -= reservation.sequences
         if book.per_tenant_active[reservation.tenant] == 0:
             del book.per_tenant_active[reservation.tenant]
         if not book.live:

@@ -57,11 +57,13 @@ class PoolSpec:
 
     @classmethod
     def unified_pool(
-        cls, backend: str, model: str, *, pool_tokens: int, slots: int, slot_ctx_tokens: int | None = None
+        cls, backend: str, model: str, *, pool_tokens: int, slots: int, slot_ctx_tokens: int | None = None,
+        backend_kind: str = "llama-server",
     ) -> PoolSpec:
-        """A unified llama-server pool; a slot may grow to the whole pool unless ``--kv-unified-per-slot`` caps it."""
+        """A unified pool (llama-server's); a slot may grow to the whole pool unless ``--kv-unified-per-slot``
+        caps it."""
         slot_ctx = pool_tokens if slot_ctx_tokens is None else slot_ctx_tokens
-        return cls(backend, model, "llama-server", slot_ctx, slots, True, pool_tokens)
+        return cls(backend, model, backend_kind, slot_ctx, slots, True, pool_tokens)
 
     @property
     def key(self) -> PoolKey:
@@ -74,7 +76,8 @@ class RequestCost:
 
     ``max_output_tokens`` is the client's limit (``max_tokens``, ``num_predict``), None when it gave none;
     ``requested_num_ctx`` is Ollama's ``options.num_ctx`` when the client sent one. A higher ``priority`` is served
-    first by the waiting room.
+    first by the waiting room. ``sequences`` is how many completions the request runs at once (OpenAI ``n``), each
+    holding the prompt and its output.
     """
 
     prompt_tokens: int
@@ -83,6 +86,7 @@ class RequestCost:
     requested_num_ctx: int | None
     tenant: str = "default"
     priority: int = 0
+    sequences: int = 1
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 0:
@@ -91,6 +95,8 @@ class RequestCost:
             raise ValueError(f"max_output_tokens is {self.max_output_tokens}; use None for 'no limit given'")
         if self.requested_num_ctx is not None and self.requested_num_ctx < 1:
             raise ValueError(f"requested_num_ctx is {self.requested_num_ctx}; use None for 'not given'")
+        if self.sequences < 1:
+            raise ValueError(f"sequences is {self.sequences}; a request runs at least one")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,11 +165,13 @@ class Rewrites:
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """Forward now, holding ``reserve_tokens`` of the pool; apply ``rewrites``; ``notes`` say why, for operators."""
+    """Forward now, holding ``reserve_tokens`` of the pool for ``sequences`` sequences; apply ``rewrites``; ``notes``
+    say why, for operators."""
 
     reserve_tokens: int
     rewrites: Rewrites = Rewrites()
     notes: tuple[str, ...] = ()
+    sequences: int = 1
 
 
 WaitScope = Literal["pool", "tenant"]

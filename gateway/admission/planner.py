@@ -24,10 +24,22 @@ The rules, in the order they are applied:
 2. Prompt. ``ceil(prompt * (1 + margin))`` when the count is an estimate, else the count. A prompt at least as long
    as the context is rejected (400 ``context_length_exceeded``): this is what prevents Ollama's silent truncation to
    about half the context and llama-server's own 400.
-3. Output. The client's limit, else ``default_output_tokens``; if prompt + output exceed the context the output is
-   clamped (a rewrite plus a note) or, without ``clamp_output``, the request is rejected. So a reservation never
-   exceeds the context of one sequence, and a sequence that was admitted always fits an empty pool.
-4. Capacity. The tenant's cap (Wait scope "tenant"), then free slots, then (unified pools only) free tokens
+3. Output. The client's limit; if prompt + output exceed the context the output is clamped (a rewrite plus a note)
+   or, without ``clamp_output``, the request is rejected. So a reservation never exceeds the context of one
+   sequence, and a sequence that was admitted always fits an empty pool.
+   A request with no limit (none given, or -1) still gets one, and the backend is told it (a rewrite of the
+   dialect's limit field, ``max_tokens=N (was unset)``): a backend left without a limit generates until the context
+   fills, past any reservation, and on a unified pool that fails every active request. The limit is chosen so that
+   answers are not cut shorter than the pool allows:
+       split pool    the rest of the sequence's own slot: nobody else can use it, so reserving it costs nothing
+                     and the answer may run until the slot is full, exactly as without kvgate;
+       unified pool  the request's fair share of the pool (pool_tokens / slots, less its prompt), at least
+                     ``default_output_tokens``, at most the rest of the context: with every slot busy each answer
+                     still has its share, and a request never reserves the whole pool for an answer that may be
+                     short.
+4. Sequences. A request for ``n`` completions runs ``n`` sequences, each holding prompt + output. More than the pool
+   has slots (or, unified, more than the pool holds) can never run: rejected (400 ``too_many_sequences``).
+5. Capacity. The tenant's cap (Wait scope "tenant"), then free slots, then (unified pools only) free tokens
    (Wait scope "pool").
 
 Rejections depend only on the request, the pool and the policy, never on the snapshot; so a request that would be
@@ -53,6 +65,7 @@ from gateway.admission.model import (
 )
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+TOO_MANY_SEQUENCES = "too_many_sequences"
 
 
 def plan(cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Policy) -> Decision:
@@ -64,12 +77,15 @@ def plan(cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Po
     output = _fit_output(cost, pool, policy, prompt_tokens, context.tokens)
     if isinstance(output, Reject):
         return output
-    reserve_tokens = prompt_tokens + output.tokens
+    reserve_tokens = (prompt_tokens + output.tokens) * cost.sequences
+    too_many = _too_many_sequences(cost, pool, policy, reserve_tokens)
+    if too_many is not None:
+        return too_many
     wait = _capacity_wait(cost, pool, snapshot, policy, reserve_tokens)
     if wait is not None:
         return wait
     rewrites = Rewrites(num_ctx=context.rewrite, max_output_tokens=output.rewrite)
-    return Admit(reserve_tokens, rewrites, context.notes + output.notes)
+    return Admit(reserve_tokens, rewrites, context.notes + output.notes, cost.sequences)
 
 
 def reserved_prompt_tokens(cost: RequestCost, policy: Policy) -> int:
@@ -110,10 +126,13 @@ def _fit_output(
     room_tokens = context_tokens - prompt_tokens
     asked = cost.max_output_tokens
     if asked is None:
-        if policy.default_output_tokens <= room_tokens:
-            return _Fit(policy.default_output_tokens)
-        note = f"no output limit given; reserved the {room_tokens:,} tokens left in the context"
-        return _Fit(room_tokens, None, (note,))
+        granted = room_tokens
+        if pool.unified:
+            share = pool.pool_tokens // pool.slots - prompt_tokens
+            granted = min(room_tokens, max(policy.default_output_tokens, share))
+        where = "the sequence's fair share of the shared pool" if pool.unified else "the rest of its slot"
+        note = f"no output limit given; set to {granted:,} tokens, {where}"
+        return _Fit(granted, granted, (note,))
     if asked <= room_tokens:
         return _Fit(asked)
     if policy.clamp_output:
@@ -140,14 +159,30 @@ def _prompt_too_long(cost: RequestCost, pool: PoolSpec, prompt_tokens: int, cont
     )
 
 
+def _too_many_sequences(cost: RequestCost, pool: PoolSpec, policy: Policy, reserve_tokens: int) -> Reject | None:
+    """A request whose sequences could never run at once, even in an empty pool."""
+    n = cost.sequences
+    cap = policy.per_tenant_max_active
+    if n > pool.slots:
+        limit = f"{_where(pool)} runs at most {pool.slots} sequences at once"
+    elif cap is not None and n > cap:
+        limit = f"tenant '{cost.tenant}' may run at most {cap} sequences at once"
+    elif pool.unified and reserve_tokens > pool.pool_tokens:
+        limit = f"together they need {reserve_tokens:,} tokens and the shared pool of {_where(pool)} holds " \
+                f"{pool.pool_tokens:,}"
+    else:
+        return None
+    return Reject(400, TOO_MANY_SEQUENCES, f"the request asks for {n} completions (n); {limit}; ask for fewer")
+
+
 def _capacity_wait(
     cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Policy, reserve_tokens: int
 ) -> Wait | None:
     cap = policy.per_tenant_max_active
     active = snapshot.per_tenant_active.get(cost.tenant, 0)
-    if cap is not None and active >= cap:
+    if cap is not None and active + cost.sequences > cap:
         return Wait(f"tenant '{cost.tenant}' has {active} of {cap} allowed active requests on {_where(pool)}", "tenant")
-    if snapshot.active_sequences >= pool.slots:
+    if snapshot.active_sequences + cost.sequences > pool.slots:
         return Wait(f"all {pool.slots} sequence slots of {_where(pool)} are busy")
     if pool.unified and snapshot.reserved_tokens + reserve_tokens > pool.pool_tokens:
         return Wait(

@@ -241,7 +241,7 @@ class WaitingRoom:
 
     def _reserve(self, key: PoolKey, admit: Admit, tenant: str) -> Reservation:
         self._counter(key).admitted_total += 1
-        return self._ledger.reserve(key, admit.reserve_tokens, tenant)
+        return self._ledger.reserve(key, admit.reserve_tokens, tenant, admit.sequences)
 
     def _counter(self, key: PoolKey) -> QueueCounters:
         counters = self._counters.get(key)

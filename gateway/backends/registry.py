@@ -16,6 +16,8 @@ from yarl import URL
 from gateway.backends import models
 from gateway.config import BackendSettings, Settings
 from gateway.domain import BackendKind
+from gateway.errors import InvalidField, ModelNotFound
+from gateway.observability.logs import sanitize
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,11 @@ class Backend:
         return URL(str(self.base_url).rstrip("/") + path_qs, encoded=True)
 
     def serves(self, model: str) -> bool:
-        return any(name in self.models for name in models.name_candidates(model))
+        return self.listed_name(model) is not None
+
+    def listed_name(self, model: str) -> str | None:
+        """The name the backend lists ``model`` under (Ollama's ``x`` is ``x:latest``), None when not listed."""
+        return next((name for name in models.name_candidates(model) if name in self.models), None)
 
     def describe(self) -> str:
         return f"backend '{self.name}' at {self.settings.url}"
@@ -105,9 +111,12 @@ class BackendRegistry:
         backend.last_error = None
         return listing
 
-    async def refresh(self, backend: Backend) -> None:
-        """Refresh one backend's model list, keeping the old one if the backend can't be reached."""
+    async def refresh(self, backend: Backend, *, min_age_s: float = 0.0) -> None:
+        """Refresh one backend's model list, keeping the old one if the backend can't be reached; a list younger
+        than ``min_age_s`` is kept (a burst of requests for unknown names lists once, not once each)."""
         async with backend._lock:
+            if backend.listed_at_s is not None and self._clock() - backend.listed_at_s < min_age_s:
+                return
             try:
                 await self.fetch_listing(backend)
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -128,6 +137,29 @@ class BackendRegistry:
             found = self._find(model)
         return found or self.default_for(kind)
 
+    async def target_model(self, backend: Backend, model: str | None) -> str:
+        """The model the backend will actually run for a request that names ``model``.
+
+        llama-server serves one model whatever a request says: "" (its pool is the server's). Ollama runs the
+        model it lists under that name; a model it does not list (after refreshing the list) is a 404, so made-up
+        names never reach the backend or make pools. OpenAI-compatible servers: the name as given."""
+        if backend.kind is BackendKind.LLAMA_SERVER:
+            return ""
+        if model is None:
+            raise InvalidField("model", f"field 'model' is required: name the model to use on {backend.describe()}")
+        if backend.kind is not BackendKind.OLLAMA:
+            return model
+        listed = backend.listed_name(model)
+        if listed is None:
+            await self.refresh(backend, min_age_s=MISS_REFRESH_MIN_INTERVAL_S)
+            listed = backend.listed_name(model)
+        if listed is not None:
+            return listed
+        if backend.listed_at_s is None:  # the list could not be read: the pool probe decides
+            return model
+        raise ModelNotFound(f"model '{sanitize(model)}' not found on {backend.describe()}; it serves "
+                            f"{_some(backend.models)}; pull it first or pick one of those")
+
     def _find(self, model: str) -> Backend | None:
         return next((backend for backend in self.backends if backend.serves(model)), None)
 
@@ -136,3 +168,11 @@ class BackendRegistry:
         while True:
             await self.refresh_all()
             await asyncio.sleep(self._settings.models_refresh_s)
+
+
+def _some(names: frozenset[str], shown: int = 8) -> str:
+    ordered = sorted(name for name in names if not name.endswith(":latest") or name[:-7] not in names)
+    if not ordered:
+        return "no models"
+    more = f" and {len(ordered) - shown} more" if len(ordered) > shown else ""
+    return ", ".join(repr(name) for name in ordered[:shown]) + more

@@ -10,8 +10,9 @@ from typing import Any
 import orjson
 
 from gateway.dialects import fields
-from gateway.domain import Dialect, Operation, ParsedRequest
+from gateway.domain import Dialect, FieldPath, Operation, ParsedRequest, Prompt
 from gateway.errors import GatewayError
+from gateway.tokens.text import content_text
 
 _TYPES = {
     401: "authentication_error",
@@ -21,19 +22,38 @@ _TYPES = {
 }
 
 
+_LIMITS: tuple[FieldPath, ...] = (("n_predict",), ("max_tokens",))
+
+
+def _tool(tool: dict[str, Any]) -> dict[str, Any]:
+    if "input_schema" not in tool:
+        return tool
+    function = {"name": tool.get("name", ""), "description": tool.get("description", ""),
+                "parameters": tool.get("input_schema", {})}
+    return {"type": "function", "function": function}
+
+
 def parse(operation: Operation, body: dict[str, Any]) -> ParsedRequest:
-    model = fields.required_model(body)
+    model = fields.optional_str(body, "model") or None
     messages = fields.messages(body, required=True, content_may_be_list=True)
-    fields.string_or_list(body, "system")
+    system = fields.string_or_list(body, "system")
+    tools = fields.objects(fields.optional_list(body, "tools") or [], "tools")
+    chat = messages
+    if system:
+        chat = ({"role": "system", "content": content_text(system, separator="\n")}, *messages)
+    output = fields.output_limit(body, _LIMITS, ("max_tokens",))
     return ParsedRequest(
         Dialect.ANTHROPIC,
         operation,
         model,
         stream=bool(fields.optional_bool(body, "stream")),
         messages=messages,
-        max_output_tokens=fields.optional_int(body, "max_tokens"),
-        tools=fields.objects(fields.optional_list(body, "tools") or [], "tools"),
+        max_output_tokens=output.tokens,
+        tools=tools,
         body=body,
+        prompt_input=Prompt(messages=chat, tools=tuple(_tool(t) for t in tools)),
+        output=output,
+        allocates_kv=operation is Operation.CHAT,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.domain import OutputLimit
 from gateway.errors import InvalidField
 
 _JSON_TYPE_NAMES: dict[type, str] = {
@@ -116,3 +117,49 @@ def messages(body: dict[str, Any], *, required: bool, content_may_be_list: bool)
         expected = "a string or an array of content parts" if content_may_be_list else "a string"
         raise _wrong_type(f"messages[{index}].content", expected, content)
     return checked
+
+
+def _at(body: dict[str, Any], path: tuple[str, ...]) -> tuple[bool, Any]:
+    target: Any = body
+    for key in path[:-1]:
+        target = target.get(key) if isinstance(target, dict) else None
+    if not isinstance(target, dict) or path[-1] not in target:
+        return False, None
+    return True, target[path[-1]]
+
+
+def output_limit(
+    body: dict[str, Any], candidates: tuple[tuple[str, ...], ...], write_to: tuple[str, ...]
+) -> OutputLimit:
+    """Read every output-limit field the body carries (``candidates``, as paths); see ``OutputLimit``.
+
+    A ``null`` value counts as absent, as every backend reads it; a negative one means "no limit"."""
+    present: list[tuple[str, ...]] = []
+    values: list[int] = []
+    for path in candidates:
+        found, _ = _at(body, path)
+        if not found:
+            continue
+        parent = body
+        for key in path[:-1]:
+            parent = parent[key]
+        value = optional_int(parent, path[-1], ".".join(path))
+        if value is None:
+            continue
+        present.append(path)
+        values.append(value)
+    unlimited = not values or any(value < 0 for value in values)
+    return OutputLimit(None if unlimited else max(values), tuple(present), write_to)
+
+
+def sequences(body: dict[str, Any], keys: tuple[str, ...]) -> int:
+    """How many completions the body asks for (OpenAI ``n``, llama-server ``n_cmpl``); 1 when not given."""
+    asked = 1
+    for key in keys:
+        value = optional_int(body, key)
+        if value is None:
+            continue
+        if value < 1:
+            raise InvalidField(key, f"field '{key}' must be at least 1, got {value}")
+        asked = max(asked, value)
+    return asked

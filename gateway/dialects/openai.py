@@ -11,34 +11,44 @@ from typing import Any
 
 import orjson
 
-from gateway.dialects import fields
-from gateway.domain import Dialect, Operation, ParsedRequest
+from gateway.dialects import fields, responses
+from gateway.domain import Dialect, FieldPath, Operation, OutputLimit, ParsedRequest, Prompt
 from gateway.errors import GatewayError, InvalidField
+
+_CHAT_LIMITS: tuple[FieldPath, ...] = (("n_predict",), ("max_completion_tokens",), ("max_tokens",))
+"""Chat and completions limits: llama-server reads all three (n_predict first); Ollama's /v1 only max_tokens."""
+_RESPONSES_LIMITS: tuple[FieldPath, ...] = (("n_predict",), ("max_output_tokens",))
 
 
 def parse(operation: Operation, body: dict[str, Any], *, path: str = "") -> ParsedRequest:
-    """Validate the fields the gateway reads; everything else passes through untouched."""
-    model = fields.required_model(body)
+    """Validate the fields the gateway reads; everything else passes through untouched.
+
+    ``model`` may be absent here: llama-server serves one model whatever the body says; the proxy asks for it only
+    where the backend needs it."""
+    del path
+    model = fields.optional_str(body, "model") or None
     stream = bool(fields.optional_bool(body, "stream"))
     fields.optional_object(body, "stream_options")
     messages: tuple[dict[str, Any], ...] = ()
     prompt: str | None = None
-    max_output: int | None = None
-    if operation is Operation.CHAT and path.endswith("/responses"):
-        fields.string_or_list(body, "input")
-        max_output = fields.optional_int(body, "max_output_tokens")
+    prompt_input = Prompt()
+    output = OutputLimit()
+    tools = fields.objects(fields.optional_list(body, "tools") or [], "tools")
+    if operation is Operation.RESPONSES:
+        prompt_input = responses.prompt_of(body)
+        output = fields.output_limit(body, _RESPONSES_LIMITS, ("max_output_tokens",))
     elif operation is Operation.CHAT:
         messages = fields.messages(body, required=True, content_may_be_list=True)
-        max_completion = fields.optional_int(body, "max_completion_tokens")
-        max_tokens = fields.optional_int(body, "max_tokens")
-        max_output = max_completion if max_completion is not None else max_tokens
+        prompt_input = Prompt(messages=messages, tools=tools)
+        output = fields.output_limit(body, _CHAT_LIMITS, ("max_tokens",))
     elif operation is Operation.GENERATE:
         value = fields.string_or_list(body, "prompt")
         prompt = value if isinstance(value, str) else None
-        max_output = fields.optional_int(body, "max_tokens")
+        prompt_input = Prompt(text=value)
+        output = fields.output_limit(body, _CHAT_LIMITS, ("max_tokens",))
     elif operation is Operation.EMBED:
         fields.string_or_list(body, "input")
-    tools = fields.objects(fields.optional_list(body, "tools") or [], "tools")
+    allocates = operation in (Operation.CHAT, Operation.GENERATE, Operation.RESPONSES)
     return ParsedRequest(
         Dialect.OPENAI,
         operation,
@@ -46,9 +56,13 @@ def parse(operation: Operation, body: dict[str, Any], *, path: str = "") -> Pars
         stream=stream,
         messages=messages,
         prompt=prompt,
-        max_output_tokens=max_output,
+        max_output_tokens=output.tokens,
         tools=tools,
         body=body,
+        prompt_input=prompt_input,
+        output=output,
+        sequences=fields.sequences(body, ("n", "n_cmpl")) if allocates else 1,
+        allocates_kv=allocates,
     )
 
 

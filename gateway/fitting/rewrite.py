@@ -1,14 +1,13 @@
 """Apply the planner's rewrites to a request body, touching only the fields it names (pure).
 
-Where each dialect carries the two rewritable limits:
+Where a body carries the two rewritable limits is its dialect's fact (``ParsedRequest.num_ctx_field`` and
+``ParsedRequest.output``, set by ``gateway/dialects/``); this module only writes them:
 
-    dialect        context (num_ctx)        output limit
-    ollama         options.num_ctx          options.num_predict
-    openai         (none: Ollama's /v1      max_completion_tokens if the client sent it, else max_tokens
-                    has no num_ctx)         (/v1/responses: max_output_tokens)
-    anthropic      (none)                   max_tokens
-    llama-server   (none: fixed at start)   the alias the client used (n_predict, max_completion_tokens,
-                                            max_tokens), else n_predict
+    context      ``num_ctx_field`` (Ollama's ``options.num_ctx``); a body without one has no context to pin
+    output       every limit field the body carries that allows more than the reservation (or is -1, "no
+                 limit") is lowered to it; a field already within it is left as the client sent it (the backend
+                 obeys one of them, and each is within the reservation). A body with no limit field gets the
+                 dialect's own (``output.write_to``), so the backend stops where kvgate reserved.
 
 Every other field, known or not, is kept. Each change is described for the X-Kvgate-Rewrite header.
 """
@@ -21,23 +20,7 @@ from typing import Any
 import orjson
 
 from gateway.admission import Rewrites
-from gateway.domain import Dialect, ParsedRequest
-
-
-def _output_field(parsed: ParsedRequest, path: str) -> tuple[str, ...]:
-    body = parsed.body
-    if parsed.dialect is Dialect.OLLAMA:
-        return ("options", "num_predict")
-    if parsed.dialect is Dialect.ANTHROPIC:
-        return ("max_tokens",)
-    if parsed.dialect is Dialect.OPENAI:
-        if path.endswith("/responses"):
-            return ("max_output_tokens",)
-        return ("max_completion_tokens",) if "max_completion_tokens" in body else ("max_tokens",)
-    for alias in ("n_predict", "max_completion_tokens", "max_tokens"):
-        if alias in body:
-            return (alias,)
-    return ("n_predict",)
+from gateway.domain import FieldPath, ParsedRequest
 
 
 def _set(body: dict[str, Any], field: tuple[str, ...], value: int) -> Any:
@@ -54,21 +37,34 @@ def _set(body: dict[str, Any], field: tuple[str, ...], value: int) -> Any:
     return previous
 
 
-def apply_rewrites(parsed: ParsedRequest, path: str, rewrites: Rewrites) -> tuple[dict[str, Any] | None, list[str]]:
+def _current(body: dict[str, Any], field: FieldPath) -> Any:
+    target: Any = body
+    for key in field:
+        target = target.get(key) if isinstance(target, dict) else None
+    return target
+
+
+def _exceeds(value: Any, limit: int) -> bool:
+    return not isinstance(value, int | float) or isinstance(value, bool) or value < 0 or value > limit
+
+
+def apply_rewrites(parsed: ParsedRequest, rewrites: Rewrites) -> tuple[dict[str, Any] | None, list[str]]:
     """The body to forward (None when nothing changed) and a description of each change."""
     if not rewrites:
         return None, []
     body = dict(parsed.body)  # parsed.body stays as the client sent it (_set copies what it changes below)
     changes: list[str] = []
-    if rewrites.num_ctx is not None and parsed.dialect is Dialect.OLLAMA:
-        previous = _set(body, ("options", "num_ctx"), rewrites.num_ctx)
+    if rewrites.num_ctx is not None and parsed.num_ctx_field is not None:
+        previous = _set(body, parsed.num_ctx_field, rewrites.num_ctx)
         if previous != rewrites.num_ctx:
-            changes.append(f"options.num_ctx={rewrites.num_ctx} (was {_shown(previous)})")
-    if rewrites.max_output_tokens is not None:
-        field = _output_field(parsed, path)
-        previous = _set(body, field, rewrites.max_output_tokens)
-        if previous != rewrites.max_output_tokens:
-            changes.append(f"{'.'.join(field)}={rewrites.max_output_tokens} (was {_shown(previous)})")
+            changes.append(f"{'.'.join(parsed.num_ctx_field)}={rewrites.num_ctx} (was {_shown(previous)})")
+    limit = rewrites.max_output_tokens
+    if limit is not None:
+        fields = parsed.output.fields or (parsed.output.write_to,)
+        for field in fields:
+            if _exceeds(_current(body, field), limit):
+                previous = _set(body, field, limit)
+                changes.append(f"{'.'.join(field)}={limit} (was {_shown(previous)})")
     return (body, changes) if changes else (None, [])
 
 

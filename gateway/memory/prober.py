@@ -20,6 +20,7 @@ from gateway.memory.gguf_file import GgufSummary, read_gguf
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.common import ProfileError
 from gateway.memory.sources.llamacpp import (
+    ServerProps,
     SlotState,
     check_unified,
     parse_models,
@@ -51,8 +52,10 @@ class _Http:
                     text = (await response.text())[:300]
                     raise ProbeError(f"{method} {url} answered HTTP {response.status}: {text}")
                 return await response.json(content_type=None)
+        except aiohttp.ClientConnectorError as exc:
+            raise ProbeError(f"{method} {url} failed: {exc.strerror or 'connection refused'}") from exc
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise ProbeError(f"{method} {url} failed: {exc!r}") from exc
+            raise ProbeError(f"{method} {url} failed: {str(exc) or type(exc).__name__}") from exc
 
 
 class OllamaProber:
@@ -84,6 +87,13 @@ class OllamaProber:
         self.show_requests += 1
         show: dict[str, Any] = await self._http.request("POST", "/api/show", {"model": model, "verbose": verbose})
         return show
+
+    async def load(self, model: str, num_ctx: int | None) -> None:
+        """Ollama's load request: /api/generate with no prompt loads the model and answers once it is loaded."""
+        body: dict[str, Any] = {"model": model, "stream": False}
+        if num_ctx is not None:
+            body["options"] = {"num_ctx": num_ctx}
+        await self._http.request("POST", "/api/generate", body)
 
     async def loaded(self) -> list[LoadedModel]:
         try:
@@ -125,6 +135,13 @@ class LlamaServerProber:
         if key not in self._gguf_cache:
             self._gguf_cache = {key: await asyncio.to_thread(read_gguf, path)}
         return self._gguf_cache[key]
+
+    async def props(self) -> ServerProps:
+        """/props alone: per-slot context, slot count, model file and alias."""
+        try:
+            return parse_props(await self._http.request("GET", "/props"))
+        except (ProfileError, ValueError) as exc:
+            raise ProbeError(f"llama-server at {self._http.base_url}: {exc}") from exc
 
     async def profile(self) -> ModelProfile:
         props_json, models_json = await asyncio.gather(

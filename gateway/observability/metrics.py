@@ -1,19 +1,23 @@
 """Prometheus metrics: what kvgate decided, per request, and the live state of every KV pool and queue.
 
-Request-level counters are recorded at the proxy's one boundary; pool and queue gauges are read from the waiting
-room when scraped (``GET /kvgate/metrics``), so they can never drift from the ledger.
+Request-level counters are recorded at the proxy's one boundary (truncations once a reply has ended); pool and queue
+gauges are read from the waiting room when scraped (``GET /kvgate/metrics``), so they can never drift from the ledger.
 
     kvgate_requests_total{route,backend,status}          requests answered, by route template
     kvgate_tenant_requests_total{tenant,status}          requests answered, by tenant
     kvgate_request_duration_seconds{route}               time to the end of the response
     kvgate_prompt_tokens_total{backend,counter,exact}    prompt tokens counted
     kvgate_decisions_total{backend,decision}             admitted | queued | rewritten | trimmed | refused
+    kvgate_truncations_total{backend,model}              replies whose reported prompt is short of kvgate's count
     kvgate_pool_active_sequences{backend,model}          sequences holding a reservation now
     kvgate_pool_reserved_tokens{backend,model}           KV cells reserved now
     kvgate_pool_capacity_tokens{backend,model}           the pool's size
     kvgate_queue_length{backend,model}                   requests waiting now
     kvgate_queue_wait_seconds_total{backend,model}       summed waits of admitted requests
     kvgate_queue_rejected_total{backend,model,reason}    queue_full | queue_timeout | context
+
+Every ``model`` label is bounded: pool labels are pool keys, and the truncation counter's is the name the backend
+lists (``truncations.model_label``), never a client's string as sent.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.admission import PoolSpec, WaitingRoom
+from gateway.observability.truncations import TruncationLog
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -77,6 +82,10 @@ class Metrics:
                                        registry=self.registry)
         self.decisions = Counter("kvgate_decisions", "What admission did", ["backend", "decision"],
                                  registry=self.registry)
+        self.truncations = Counter("kvgate_truncations", "Replies whose reported prompt length is short of kvgate's "
+                                   "count beyond its tolerance (the backend cut the prompt silently)",
+                                   ["backend", "model"], registry=self.registry)
+        self.truncation_log = TruncationLog()
 
     def watch_pools(self, room: WaitingRoom, pools: Callable[[], dict[tuple[str, str], PoolSpec]]) -> None:
         self.registry.register(_PoolCollector(room, pools))
@@ -91,6 +100,16 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def record_truncation(
+    metrics: Metrics, *, request_id: str, backend: str, model: str, counted_tokens: int, reported_tokens: int,
+    counter: str,
+) -> None:
+    """Count one silent truncation (``model`` must be a bounded label: ``truncations.model_label``)."""
+    metrics.child(metrics.truncations, backend, model).inc()
+    metrics.truncation_log.add(request_id=request_id, backend=backend, model=model, counted_tokens=counted_tokens,
+                               reported_tokens=reported_tokens, counter=counter)
 
 
 def record(

@@ -94,5 +94,13 @@ def _llama_routes(app: web.Application) -> None:
         r.add_post(path, llama_routes.completion)
     for path in ("/chat/completions", "/v1/chat/completions"):
         r.add_post(path, llama_routes.chat_completions)
+    r.add_post("/v1/completions", llama_routes.oai_completions)
+    for path in ("/responses", "/v1/responses"):
+        r.add_post(path, llama_routes.responses)
+    r.add_post("/v1/messages", llama_routes.messages)
+    r.add_post("/infill", llama_routes.infill)
+    r.add_post("/v1/messages/count_tokens", llama_info.anthropic_count_tokens)
+    for path in ("/responses/input_tokens", "/v1/responses/input_tokens"):
+        r.add_post(path, llama_info.responses_input_tokens)
     for path in ("/models", "/v1/models"):
         r.add_get(path, llama_info.models)

@@ -37,6 +37,7 @@ from gateway.tokens.gguf_meta import read_gguf_metadata
 
 N_UBATCH = 512
 CONTEXT_EXCEEDED = "Context size has been exceeded."
+NO_EOS = 2**31 - 1  # ignore_eos: the answer never ends by itself
 
 
 class ContextExceeded(SimError):
@@ -158,8 +159,13 @@ class LlamaServerEngine:
             slot.processing = False
             self._free_slots.put_nowait(slot)
 
-    async def run(self, slot: Slot, prompt: list[int], n_predict: int, result: ServerResult) -> AsyncIterator[int]:
-        """Process the prompt, then yield generated token ids; raises SimError as llama-server fails them."""
+    async def run(
+        self, slot: Slot, prompt: list[int], n_predict: int, result: ServerResult, *, ignore_eos: bool = False
+    ) -> AsyncIterator[int]:
+        """Process the prompt, then yield generated token ids; raises SimError as llama-server fails them.
+
+        The answer ends at its drawn length (the model's EOS) unless ``ignore_eos``; then only ``n_predict`` or a
+        full slot stops it."""
         cfg = self.config
         result.n_prompt, result.id_slot, slot.n_predict = len(prompt), slot.id, n_predict
         if len(prompt) >= slot.n_ctx:
@@ -173,7 +179,7 @@ class LlamaServerEngine:
             self._raise_if_failed(slot)
         result.prompt_s = self.clock.now() - pacer.start_s
         rng = answer_rng(cfg.seed, -1, self.spec.name, prompt)
-        wanted = rng.randint(cfg.min_response_tokens, cfg.max_response_tokens)
+        wanted = NO_EOS if ignore_eos else rng.randint(cfg.min_response_tokens, cfg.max_response_tokens)
         limit = wanted if n_predict < 0 else min(wanted, n_predict)
         words = self.tokenizer.word_ids()
         gen_start = self.clock.now()

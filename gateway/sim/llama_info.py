@@ -1,5 +1,6 @@
 """llama-server's read-only and token routes: /health, /props, /slots, /tokenize, /detokenize,
-/v1/chat/completions/input_tokens, /v1/models, and its 404 body."""
+/v1/chat/completions/input_tokens (and the Responses and
+Anthropic counters), /v1/models, and its 404 body."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.sim import llama_requests
 from gateway.sim.failures import SimError
 from gateway.sim.llama_routes import BUILD_INFO, chat_tokens, engine_of, error_reply, read_json, reply
 from gateway.sim.state import SIM_STATE
@@ -110,6 +112,24 @@ async def input_tokens(request: web.Request) -> web.Response:
     except SimError as exc:
         return error_reply(exc)
     return reply(200, {"input_tokens": n, "object": "response.input_tokens"})
+
+
+async def responses_input_tokens(request: web.Request) -> web.Response:
+    engine = engine_of(request)
+    try:
+        n = len(llama_requests.responses(engine, await read_json(request)).prompt)
+    except SimError as exc:
+        return error_reply(exc)
+    return reply(200, {"input_tokens": n, "object": "response.input_tokens"})
+
+
+async def anthropic_count_tokens(request: web.Request) -> web.Response:
+    engine = engine_of(request)
+    try:
+        n = len(llama_requests.anthropic(engine, await read_json(request)).prompt)
+    except SimError as exc:
+        return error_reply(exc)
+    return reply(200, {"input_tokens": n})
 
 
 async def models(request: web.Request) -> web.Response:

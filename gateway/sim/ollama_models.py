@@ -11,6 +11,7 @@ from gateway.sim import gojson
 from gateway.sim.catalog import ModelSpec, lookup, model_info
 from gateway.sim.clock import go_time
 from gateway.sim.failures import SimError
+from gateway.sim.go_templates import GO_TEMPLATES
 from gateway.sim.ollama_requests import get
 from gateway.sim.state import SIM_STATE
 from gateway.sim.vocab import VOCAB_DIR
@@ -97,7 +98,7 @@ async def show(request: web.Request) -> web.Response:
         "license": spec.license_name,
         "modelfile": modelfile,
         "parameters": params,
-        "template": f"{{{{ /* {spec.template} chat template */ }}}}",
+        "template": GO_TEMPLATES[spec.template],
         "details": details(spec, with_lengths=False),
         "model_info": model_info(spec, arrays=_verbose_arrays(spec) if verbose else None),
         "capabilities": list(spec.capabilities),

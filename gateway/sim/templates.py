@@ -1,8 +1,10 @@
 """Chat templates: messages -> the prompt text a model's server tokenizes.
 
-Text-only renderings of the templates Ollama's library ships for each family (no tools, no images beyond a
-placeholder), applied after Ollama's ``collate``: system messages are joined with a blank line into
-``.System``, and consecutive messages of one role (except ``tool``) are merged with a blank line. Pure.
+Text-only renderings of the templates Ollama's library ships for each family (their Go source, as ``/api/show``
+returns it, is in ``go_templates.py``; no tools, no images beyond a placeholder), applied after Ollama's
+``collate``: system messages are joined with a blank line into ``.System``, and consecutive messages of one role
+(except ``tool``) are merged with a blank line. ``phi3`` and ``none`` are legacy templates, which Ollama runs once
+per (system, prompt, response) turn and cuts after the last ``.Response``. Pure.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def _qwen2(system: str, msgs: list[Message]) -> str:
             parts.append(f"<|im_start|>assistant\n{m.content}" + ("" if last else "<|im_end|>\n"))
         elif m.role == "tool":
             parts.append(f"<|im_start|>user\n<tool_response>\n{m.content}\n</tool_response><|im_end|>\n")
-        if last and m.role in ("user", "tool"):
+        if last and m.role != "assistant":
             parts.append("<|im_start|>assistant\n")
     return "".join(parts)
 
@@ -83,19 +85,44 @@ def _mistral(system: str, msgs: list[Message]) -> str:
         if m.role == "user":
             prefix = f"{system}\n\n" if system and last else ""
             parts.append(f"[INST]{prefix}{m.content}[/INST]")
-        elif m.role == "assistant":
+        elif m.role == "assistant" and m.content:
             parts.append(m.content + ("" if last else "</s>"))
         elif m.role == "tool":
-            parts.append(f"[TOOL_RESULTS]{m.content}[/TOOL_RESULTS]")
+            parts.append(f'[TOOL_RESULTS]{{"content": {m.content}}}[/TOOL_RESULTS]')
     return "".join(parts)
 
 
-def _phi3(system: str, msgs: list[Message]) -> str:
-    parts = [f"<|system|>\n{system}<|end|>\n"] if system else []
+def _legacy_turns(msgs: list[Message]) -> list[tuple[str, str, str]]:
+    """Ollama's loop for templates without ``.Messages``: (system, prompt, response) per turn, in order. A system
+    message or a user message after a reply closes the turn; the last turn is left open for the response."""
+    turns: list[tuple[str, str, str]] = []
+    system = prompt = response = ""
     for m in msgs:
-        if m.role in ("user", "assistant"):
-            parts.append(f"<|{m.role}|>\n{m.content}<|end|>\n")
-    parts.append("<|assistant|>\n")
+        if m.role == "system":
+            if prompt or response:
+                turns.append((system, prompt, response))
+                prompt = response = ""
+            system = m.content
+        elif m.role == "user":
+            if response:
+                turns.append((system, prompt, response))
+                system = response = ""
+            prompt = m.content
+        elif m.role == "assistant":
+            response = m.content
+    turns.append((system, prompt, response))
+    return turns
+
+
+def _phi3(system: str, msgs: list[Message]) -> str:
+    parts: list[str] = []
+    turns = _legacy_turns(msgs)
+    for i, (sys_text, prompt, response) in enumerate(turns):
+        if sys_text:
+            parts.append(f"<|system|>\n{sys_text}<|end|>\n")
+        if prompt:
+            parts.append(f"<|user|>\n{prompt}<|end|>\n")
+        parts.append("<|assistant|>\n" + response + ("" if i == len(turns) - 1 else "<|end|>\n"))
     return "".join(parts)
 
 
@@ -107,7 +134,8 @@ def _chatml(system: str, msgs: list[Message]) -> str:
 
 
 def _plain(system: str, msgs: list[Message]) -> str:
-    return "\n".join(m.content for m in msgs if m.role != "system")
+    """The default ``{{ .Prompt }}`` template (plus the ``{{ .Response }}`` Ollama appends), turn after turn."""
+    return "".join(prompt + response for _, prompt, response in _legacy_turns(msgs))
 
 
 _RENDERERS: dict[str, Callable[[str, list[Message]], str]] = {

@@ -1,7 +1,7 @@
 """Token counting: exact where the backend's tokenizer is known, an estimate flagged as such everywhere else.
 
 Public entry points (see each module):
-    count_request(body, dialect, counter) -> TokenCount            request_count.py
+    count_prompt(prompt, counter) -> TokenCount                     request_count.py
     build_counter_chain(kind, model, session=, base_url=, settings=) factory.py
     CounterChain, Counter, TokenCount, CounterUnavailable           chain.py, count.py
     tokenizer_from_gguf_metadata, load_gguf_tokenizer,
@@ -17,7 +17,7 @@ from gateway.tokens.gguf_vocab import (
     read_gguf_tokenizer_metadata,
     tokenizer_from_gguf_metadata,
 )
-from gateway.tokens.request_count import count_request
+from gateway.tokens.request_count import count_prompt
 
 __all__ = [
     "Calibrating",
@@ -28,7 +28,7 @@ __all__ = [
     "TokenCount",
     "UnsupportedTokenizer",
     "build_counter_chain",
-    "count_request",
+    "count_prompt",
     "load_gguf_tokenizer",
     "read_gguf_tokenizer_metadata",
     "tokenizer_from_gguf_metadata",

@@ -1,83 +1,33 @@
-"""Count the prompt of a parsed request body, whatever API it came in.
+"""Count a request's prompt, in the one shape every dialect parses its body into (``gateway.domain.Prompt``).
 
-    dialect        body                              counted as
-    ollama         /api/chat {messages, tools}       chat
-                   /api/generate {prompt, system,    chat [system, user(prompt, images)]; raw: text
-                                  images, raw}
-    openai         /v1/chat/completions {messages}   chat
-                   /v1/completions {prompt}          text (a list of prompts: the sum; token arrays: their length)
-    llama-server   /completion {prompt}              text (string, token ids, or a mix; a list: the sum)
-                   /v1/chat/completions {messages}   chat
-    anthropic      /v1/messages {system, messages,   chat (system first; tools as {name, description,
-                                 tools}                    parameters})
+    Prompt.messages (a chat)     count_chat(messages, tools): the template renders it, system prompts included
+    Prompt.text (a text prompt)  a string, token ids (their length), a mix of both (BOS once), a list of prompts
+                                 (the sum), or llama-server's multimodal object ({"prompt_string", ...})
 
-`dialect` accepts gateway.domain.Dialect values ("ollama", "openai", "llama-server", "anthropic"); the shape of
-the body (messages or prompt) decides chat or text.
+Where each dialect keeps those (Ollama's generate system + prompt + suffix, Anthropic's ``system``, the Responses
+API's ``instructions`` and ``input`` items, llama-server's infill pieces) is the dialect's business
+(``gateway/dialects/``); nothing here knows a dialect. A prompt the dialect could only approximate
+(``exact_shape`` False) is counted as an estimate; an empty one counts 0, exactly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from gateway.tokens.count import Counter, Message, TokenCount, Tool
-from gateway.tokens.text import content_text
+from gateway.domain import Prompt
+from gateway.tokens.count import Counter, Message, TokenCount
 
 
-async def count_request(body: Mapping[str, Any], dialect: str, counter: Counter) -> TokenCount:
-    """The prompt length of a request body; counts 0 (exact) for a body with neither messages nor prompt."""
-    tools = _tools(body.get("tools"), dialect)
-    if isinstance(body.get("messages"), list):
-        messages = _messages(body, dialect)
-        return await counter.count_chat(messages, tools)
-    prompt = body.get("prompt")
-    if dialect == "ollama" and not body.get("raw") and isinstance(prompt, str):
-        return await counter.count_chat(_ollama_generate_messages(body), tools)
-    if prompt is None and isinstance(body.get("content"), str | list):
-        prompt = body.get("content")  # llama-server /tokenize-style and /infill bodies
-    return await _count_prompt(prompt, counter)
-
-
-def _messages(body: Mapping[str, Any], dialect: str) -> list[Message]:
-    messages: list[Message] = [m for m in body["messages"] if isinstance(m, Mapping)]
-    if dialect == "anthropic" and body.get("system"):
-        system = body["system"]
-        messages = [{"role": "system", "content": content_text(system, separator="\n")}, *messages]
-    return messages
-
-
-def _ollama_generate_messages(body: Mapping[str, Any]) -> list[Message]:
-    messages: list[Message] = []
-    if isinstance(body.get("system"), str) and body["system"]:
-        messages.append({"role": "system", "content": body["system"]})
-    user: dict[str, Any] = {"role": "user", "content": body.get("prompt") or ""}
-    if isinstance(body.get("suffix"), str) and body["suffix"]:
-        user["content"] = f"{user['content']}{body['suffix']}"
-    if body.get("images"):
-        user["images"] = body["images"]
-    messages.append(user)
-    return messages
-
-
-def _tools(raw: Any, dialect: str) -> list[Tool]:
-    if not isinstance(raw, list):
-        return []
-    tools = [t for t in raw if isinstance(t, Mapping)]
-    if dialect == "anthropic":
-        return [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.get("name", ""),
-                    "description": t.get("description", ""),
-                    "parameters": t.get("input_schema", {}),
-                },
-            }
-            if "input_schema" in t
-            else t
-            for t in tools
-        ]
-    return tools
+async def count_prompt(prompt: Prompt, counter: Counter) -> TokenCount:
+    """The prompt length a backend will see for ``prompt``."""
+    if prompt.messages is not None:
+        messages: list[Message] = [m for m in prompt.messages if isinstance(m, Mapping)]
+        counted = await counter.count_chat(messages, list(prompt.tools))
+    else:
+        counted = await _count_prompt(prompt.text, counter)
+    return counted if prompt.exact_shape else replace(counted, exact=False)
 
 
 async def _count_prompt(prompt: Any, counter: Counter) -> TokenCount:

@@ -8,6 +8,7 @@ are cached on disk by digest: the GGUF key/value digest, or the model digest Oll
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,12 +31,24 @@ class SourceUnavailable(CounterUnavailable):
 
 
 @dataclass(frozen=True, slots=True)
+class OllamaChatTemplate:
+    """What `/api/show` says about how Ollama renders a chat: the Go template, the default system prompt, and the
+    built-in renderer that replaces the template when set."""
+
+    template: str
+    system: str = ""
+    renderer: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class LoadedTokenizer:
-    """A ready tokenizer, whether long texts may be split at line starts, and the model's chat template source."""
+    """A ready tokenizer, whether long texts may be split at line starts, and the model's chat template source
+    (Jinja, from a GGUF) or Ollama's Go template."""
 
     tokenizer: tokenizers.Tokenizer
     chunkable: bool
     chat_template: str | None = None
+    ollama_template: OllamaChatTemplate | None = None
 
 
 class TokenizerSource(Protocol):
@@ -103,7 +116,9 @@ class TokenizerJsonSource:
 
 
 class OllamaShowSource:
-    """The GGUF tokenizer of an Ollama model, from `POST /api/show {"verbose": true}` (many MB: cached by digest)."""
+    """The GGUF tokenizer of an Ollama model, from `POST /api/show {"verbose": true}` (many MB: cached by digest),
+    and its Go chat template (from the same reply, or from a small `verbose: false` one when the tokenizer is cached).
+    """
 
     kind = "gguf"
 
@@ -128,12 +143,19 @@ class OllamaShowSource:
         if key and self.cache_dir is not None:
             cached = TokenizerCache(self.cache_dir).load(key)
             if cached is not None:
-                return LoadedTokenizer(cached, chunkable=_chunkable(cached))
-        info = await self._model_info()
+                show = await self._request("POST", "/api/show", {"model": self.model})
+                return LoadedTokenizer(cached, chunkable=_chunkable(cached), ollama_template=_ollama_template(show))
+        show = await self._request("POST", "/api/show", {"model": self.model, "verbose": True})
+        info = show.get("model_info")
+        if not isinstance(info, dict):
+            raise SourceUnavailable(self.kind, f"/api/show for {self.model!r} has no model_info", permanent=True)
         try:
-            return await asyncio.to_thread(_from_metadata, info, model=self.model, cache_dir=self.cache_dir, key=key)
+            loaded = await asyncio.to_thread(
+                _from_metadata, info, model=self.model, cache_dir=self.cache_dir, key=key
+            )
         except UnsupportedTokenizer as exc:
             raise SourceUnavailable(self.kind, str(exc), permanent=True) from exc
+        return dataclasses.replace(loaded, ollama_template=_ollama_template(show))
 
     async def _digest(self) -> str | None:
         try:
@@ -146,13 +168,6 @@ class OllamaShowSource:
                 digest = entry.get("digest")
                 return str(digest) if digest else None
         return None
-
-    async def _model_info(self) -> dict[str, Any]:
-        body = await self._request("POST", "/api/show", {"model": self.model, "verbose": True})
-        info = body.get("model_info")
-        if not isinstance(info, dict):
-            raise SourceUnavailable(self.kind, f"/api/show for {self.model!r} has no model_info", permanent=True)
-        return info
 
     async def _request(self, method: str, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
         url = self.base_url + path
@@ -171,6 +186,18 @@ class OllamaShowSource:
         if not isinstance(body, dict):
             raise SourceUnavailable(self.kind, f"{method} {path}: not a JSON object", permanent=False)
         return body
+
+
+def _ollama_template(show: dict[str, Any]) -> OllamaChatTemplate | None:
+    template = show.get("template")
+    if not isinstance(template, str) or not template:
+        return None
+    system, renderer = show.get("system"), show.get("renderer")
+    return OllamaChatTemplate(
+        template,
+        system=system if isinstance(system, str) else "",
+        renderer=renderer if isinstance(renderer, str) else "",
+    )
 
 
 def _chunkable(tokenizer: tokenizers.Tokenizer) -> bool:

@@ -1,12 +1,16 @@
 """A Counter backed by the model's own tokenizer (GGUF or tokenizer.json).
 
-Chats are counted one of two ways:
+Chats are counted one of three ways:
 
     template   the chat template family is known (templates.py): render it as llama-server does, count each
                message's segment (cached), add BOS. Exact.
-    content    otherwise (Ollama's Go templates): count each message's text, tool calls and tool schemas as JSON,
-               images at a fixed cost, plus a per-message/per-request overhead learned from the backend's reported
-               prompt lengths (OverheadEstimator). Exact only once the learned overhead reproduces every sample.
+    go         Ollama's Go template from /api/show (gotemplate.py): render it as Ollama's template.Execute does,
+               count each message's segment (cached), add BOS. Exact from the first request, unless the chat has
+               images or tools (then a close estimate).
+    content    otherwise (a template the interpreter cannot run, or a chat it cannot render): count each message's
+               text, tool calls and tool schemas as JSON, images at a fixed cost, plus a per-message/per-request
+               overhead learned from the backend's reported prompt lengths (OverheadEstimator). Exact only once the
+               learned overhead reproduces every sample.
 
 The tokenizer loads on first use; a failure is remembered (for `retry_after_s`, or for good when it cannot change)
 and reported as CounterUnavailable, so a chain falls through to its next counter without retrying every request.
@@ -21,9 +25,11 @@ from collections.abc import Callable, Sequence
 
 from gateway.tokens.count import CounterUnavailable, Message, TokenCount, Tool
 from gateway.tokens.engine import TokenizerEngine
+from gateway.tokens.gotemplate import OllamaTemplate
+from gateway.tokens.gotemplate import TemplateError as GoTemplateError
 from gateway.tokens.message_cache import CountCache
 from gateway.tokens.overhead import OverheadEstimator
-from gateway.tokens.sources import SourceUnavailable, TokenizerSource
+from gateway.tokens.sources import OllamaChatTemplate, SourceUnavailable, TokenizerSource
 from gateway.tokens.templates import TemplateError, detect_template, render
 from gateway.tokens.text import ByteText, content_text, count_content_images, decode_text, json_text
 
@@ -57,6 +63,7 @@ class TokenizerCounter:
         self._monotonic = monotonic
         self._engine: TokenizerEngine | None = None
         self._family: str | None = None
+        self._go_template: OllamaTemplate | None = None
         self._failure: tuple[SourceUnavailable, float] | None = None
         self._lock = asyncio.Lock()
 
@@ -81,6 +88,8 @@ class TokenizerCounter:
                 self._failure = (exc, self._monotonic())
                 raise CounterUnavailable(self.name, f"model {self.model!r}: {exc.reason}") from exc
             self._family = detect_template(loaded.chat_template) if self.template == AUTO_TEMPLATE else self.template
+            if self._family is None and loaded.ollama_template is not None:
+                self._go_template = _go_template(loaded.ollama_template)
             self._engine = TokenizerEngine(loaded.tokenizer, chunkable=loaded.chunkable, cache=self._cache)
             return self._engine
 
@@ -102,6 +111,17 @@ class TokenizerCounter:
             else:
                 counts = await engine.count(_safe_segments(segments, engine))
                 return TokenCount(sum(counts) + engine.special_tokens_added, self.name, exact=True)
+        if self._go_template is not None:
+            try:
+                rendered = self._go_template.render(messages, tools, today=self._today())
+            except GoTemplateError:
+                pass  # this chat needs what the interpreter does not reproduce: count contents instead
+            else:
+                decoded = [decode_text(s) for s in rendered.segments]
+                if all(isinstance(d, str) for d in decoded):
+                    counts = await engine.count(_safe_segments(rendered.segments, engine))
+                    tokens = sum(counts) + engine.special_tokens_added + rendered.images * self.image_tokens
+                    return TokenCount(tokens, self.name, exact=rendered.exact)
         content_tokens = await self.content_tokens(messages, tools)
         overhead = self.overhead.current()
         tokens = content_tokens + overhead.tokens(len(messages)) + engine.special_tokens_added
@@ -132,6 +152,17 @@ class TokenizerCounter:
         engine = await self.engine()
         content = await self.content_tokens(messages, tools)
         self.overhead.observe(len(messages), content + engine.special_tokens_added, observed_prompt_tokens)
+
+
+def _go_template(chat: OllamaChatTemplate) -> OllamaTemplate | None:
+    """The parsed template, or None when Ollama renders with a built-in renderer or the template is beyond the
+    interpreter (such chats are counted by content plus the learned overhead)."""
+    if chat.renderer:
+        return None
+    try:
+        return OllamaTemplate(chat.template, system=chat.system)
+    except GoTemplateError:
+        return None
 
 
 def _safe_segments(segments: Sequence[str], engine: TokenizerEngine) -> list[str]:

@@ -51,8 +51,16 @@ ADMITS = [
     pytest.param(cost(1000, exact=False), SPLIT, EMPTY, DEFAULT, 1600, Rewrites(), id="estimate-gets-10pct-margin"),
     pytest.param(cost(1001, exact=False), SPLIT, EMPTY, DEFAULT, 1102 + 500, Rewrites(), id="margin-rounds-up"),
     pytest.param(cost(1000, exact=False), SPLIT, EMPTY, Policy(estimate_margin=0), 1500, Rewrites(), id="no-margin"),
-    pytest.param(cost(1000, out=None), SPLIT, EMPTY, DEFAULT, 2024, Rewrites(), id="default-output"),
-    pytest.param(cost(3500, out=None), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(), id="default-output-fills-slot"),
+    pytest.param(cost(1000, out=None), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(max_output_tokens=3096),
+                 id="no-limit-split-gets-its-slot"),
+    pytest.param(cost(3500, out=None), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(max_output_tokens=596),
+                 id="no-limit-fills-slot"),
+    pytest.param(cost(1000, out=None), UNIFIED, EMPTY, DEFAULT, 8192, Rewrites(max_output_tokens=7192),
+                 id="no-limit-unified-fair-share"),
+    pytest.param(cost(7800, out=None), UNIFIED, EMPTY, DEFAULT, 8824, Rewrites(max_output_tokens=1024),
+                 id="no-limit-unified-at-least-default"),
+    pytest.param(cost(1000, out=None), UNIFIED, busy(3, 24576), DEFAULT, 8192, Rewrites(max_output_tokens=7192),
+                 id="no-limit-unified-share-fits-beside-three"),
     pytest.param(cost(3000, out=0), SPLIT, EMPTY, DEFAULT, 3000, Rewrites(), id="zero-output"),
     pytest.param(cost(3000, out=1096), SPLIT, EMPTY, NO_CLAMP, 4096, Rewrites(), id="output-exactly-fills-slot"),
     pytest.param(
@@ -67,8 +75,10 @@ ADMITS = [
         Rewrites(max_output_tokens=796),
         id="clamp-counts-the-margin",
     ),
-    pytest.param(cost(4095, out=None), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(), id="longest-prompt-gets-one-token"),
-    pytest.param(cost(3722, exact=False, out=None), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(), id="estimate-just-fits"),
+    pytest.param(cost(4095, out=None), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(max_output_tokens=1),
+                 id="longest-prompt-gets-one-token"),
+    pytest.param(cost(3722, exact=False, out=None), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(max_output_tokens=1),
+                 id="estimate-just-fits"),
     pytest.param(cost(1000), OLLAMA, EMPTY, DEFAULT, 1500, Rewrites(num_ctx=8192), id="ollama-pins-absent-num-ctx"),
     pytest.param(cost(1000, num_ctx=16384), OLLAMA, EMPTY, DEFAULT, 1500, Rewrites(num_ctx=8192), id="pin-larger"),
     pytest.param(cost(1000, num_ctx=2048), OLLAMA, EMPTY, DEFAULT, 1500, Rewrites(num_ctx=8192), id="pin-smaller"),
@@ -79,7 +89,8 @@ ADMITS = [
     pytest.param(cost(1000), SPLIT, busy(1), DEFAULT, 1500, Rewrites(), id="split-free-slot"),
     pytest.param(cost(4000, out=0), SPLIT, busy(1, 10**9), DEFAULT, 4000, Rewrites(), id="split-ignores-pool-tokens"),
     pytest.param(cost(1500), UNIFIED, busy(3, 30768), DEFAULT, 2000, Rewrites(), id="unified-exactly-fills-pool"),
-    pytest.param(cost(30000, out=None), UNIFIED, EMPTY, DEFAULT, 31024, Rewrites(), id="unified-slot-is-whole-pool"),
+    pytest.param(cost(30000, out=None), UNIFIED, EMPTY, DEFAULT, 31024, Rewrites(max_output_tokens=1024),
+                 id="unified-slot-is-whole-pool"),
     pytest.param(cost(10), SPLIT, busy(1, 0, ci=1), CAP_2, 510, Rewrites(), id="tenant-under-cap"),
     pytest.param(cost(10), SPLIT, busy(1, 0, web=2), CAP_2, 510, Rewrites(), id="other-tenant-at-cap"),
 ]
@@ -163,7 +174,7 @@ def test_reject_message_names_limit_value_and_remedy() -> None:
         (cost(10, num_ctx=16384), NO_PIN, "num_ctx 16,384 requested; model loaded with 8,192; pin_num_ctx is off"),
         (cost(10), DEFAULT, "num_ctx not given; set to the loaded 8,192"),
         (cost(7000, out=2000, num_ctx=8192), DEFAULT, "max output 2,000 tokens requested; only 1,192 fit"),
-        (cost(7800, out=None, num_ctx=8192), DEFAULT, "no output limit given; reserved the 392 tokens left"),
+        (cost(7800, out=None, num_ctx=8192), DEFAULT, "no output limit given; set to 392 tokens, the rest of its slot"),
     ],
 )
 def test_notes_explain_rewrites(request_cost: RequestCost, policy: Policy, note: str) -> None:
@@ -205,6 +216,7 @@ costs = st.builds(
     max_output_tokens=st.none() | st.integers(0, 5000),
     requested_num_ctx=st.none() | st.integers(1, 8192),
     tenant=st.sampled_from(["a", "b"]),
+    sequences=st.integers(1, 3),
 )
 snapshots = st.builds(
     LedgerSnapshot,
@@ -235,13 +247,20 @@ def test_any_admit_fits_its_sequence_and_pool(
     context_tokens = request_cost.requested_num_ctx if unpinned_ctx else pool.slot_ctx_tokens
     assert context_tokens is not None
     assert reserved_prompt_tokens(request_cost, policy) < context_tokens
-    assert decision.reserve_tokens <= context_tokens
-    assert snapshot.active_sequences < pool.slots
+    assert decision.reserve_tokens <= context_tokens * request_cost.sequences
+    assert snapshot.active_sequences + request_cost.sequences <= pool.slots
     if pool.unified:
         assert snapshot.reserved_tokens + decision.reserve_tokens <= pool.pool_tokens
-    if decision.rewrites.max_output_tokens is not None:
-        assert request_cost.max_output_tokens is not None
-        assert decision.rewrites.max_output_tokens < request_cost.max_output_tokens
+    # the backend is always bounded by the reservation: the client's limit, or the one kvgate sends in its place
+    sent = decision.rewrites.max_output_tokens
+    if request_cost.max_output_tokens is None:
+        assert sent is not None
+    elif sent is not None:
+        assert sent < request_cost.max_output_tokens
+    output_tokens = sent if sent is not None else request_cost.max_output_tokens
+    assert output_tokens is not None
+    per_sequence = decision.reserve_tokens // request_cost.sequences
+    assert reserved_prompt_tokens(request_cost, policy) + output_tokens == per_sequence
 
 
 @settings(max_examples=300, deadline=None)
@@ -268,3 +287,29 @@ def test_pure_modules_import_no_event_loop_clock_or_logging(module: str) -> None
         for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
     }
     assert not imported & {"asyncio", "aiohttp", "time", "logging", "random", "os"}, imported
+
+
+@pytest.mark.parametrize(
+    ("request_cost", "pool", "snapshot", "expected"),
+    [
+        pytest.param(RequestCost(100, True, 100, None, sequences=2), SPLIT, EMPTY, Admit(400, Rewrites(), (), 2),
+                     id="n2-holds-two-sequences"),
+        pytest.param(RequestCost(100, True, 100, None, sequences=2), SPLIT, busy(1, 200), "wait", id="n2-one-slot"),
+        pytest.param(RequestCost(100, True, 100, None, sequences=3), SPLIT, EMPTY, "too_many_sequences",
+                     id="n-over-slots"),
+        pytest.param(RequestCost(10000, True, 10000, None, sequences=4), UNIFIED, EMPTY, "too_many_sequences",
+                     id="n-over-unified-pool"),
+        pytest.param(RequestCost(100, True, None, None, sequences=2), UNIFIED, EMPTY,
+                     Admit(16384, Rewrites(max_output_tokens=8092), ("no output limit given; set to 8,092 tokens, "
+                                                                      "the sequence's fair share of the shared pool",),
+                           2), id="n2-no-limit-fair-share"),
+    ],
+)
+def test_sequences(request_cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, expected: object) -> None:
+    decision = plan(request_cost, pool, snapshot, DEFAULT)
+    if expected == "wait":
+        assert isinstance(decision, Wait)
+    elif isinstance(expected, str):
+        assert isinstance(decision, Reject) and decision.code == expected and "(n)" in decision.message
+    else:
+        assert decision == expected

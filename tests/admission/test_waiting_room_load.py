@@ -29,8 +29,8 @@ class CheckingLedger(Ledger):
         self.pool = pool
         self.peak_tokens = 0
 
-    def reserve(self, key: PoolKey, tokens: int, tenant: str) -> Reservation:
-        reservation = super().reserve(key, tokens, tenant)
+    def reserve(self, key: PoolKey, tokens: int, tenant: str, sequences: int = 1) -> Reservation:
+        reservation = super().reserve(key, tokens, tenant, sequences)
         snapshot = self.snapshot(key)
         assert snapshot.reserved_tokens <= self.pool.pool_tokens, snapshot
         assert snapshot.active_sequences <= self.pool.slots, snapshot

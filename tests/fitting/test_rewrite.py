@@ -14,8 +14,10 @@ from gateway.fitting.rewrite import apply_rewrites, encode_body
 
 
 def _parsed(dialect: Dialect, path: str, body: dict[str, Any]) -> Any:
-    return dialects.parse(dialect, Operation.CHAT if "chat" in path or "messages" in path or "responses" in path
-                          else Operation.GENERATE, body, path)
+    if "responses" in path:
+        return dialects.parse(dialect, Operation.RESPONSES, body, path)
+    return dialects.parse(dialect, Operation.CHAT if "chat" in path or "messages" in path else Operation.GENERATE,
+                          body, path)
 
 
 @pytest.mark.parametrize(
@@ -39,7 +41,7 @@ def _parsed(dialect: Dialect, path: str, body: dict[str, Any]) -> Any:
 def test_fields_per_dialect(dialect: Dialect, path: str, body: dict[str, Any], rewrites: Rewrites,
                             expected: dict[str, Any], note: str) -> None:
     parsed = _parsed(dialect, path, body)
-    new_body, changes = apply_rewrites(parsed, path, rewrites)
+    new_body, changes = apply_rewrites(parsed, rewrites)
     assert new_body is not None
     for key, value in expected.items():
         assert new_body[key] == value
@@ -51,14 +53,14 @@ def test_fields_per_dialect(dialect: Dialect, path: str, body: dict[str, Any], r
 
 def test_no_change_means_the_original_bytes() -> None:
     parsed = _parsed(Dialect.OLLAMA, "/api/chat", {"model": "m", "options": {"num_ctx": 8192}})
-    assert apply_rewrites(parsed, "/api/chat", Rewrites(num_ctx=8192)) == (None, [])
-    assert apply_rewrites(parsed, "/api/chat", Rewrites()) == (None, [])
+    assert apply_rewrites(parsed, Rewrites(num_ctx=8192)) == (None, [])
+    assert apply_rewrites(parsed, Rewrites()) == (None, [])
 
 
 def test_invalid_utf8_survives_a_rewrite() -> None:
     raw = b'{"model":"m","messages":[{"role":"user","content":"caf\xe9 \xff"}]}'
     parsed = _parsed(Dialect.OLLAMA, "/api/chat", dialects.decode_body(raw))
-    new_body, _ = apply_rewrites(parsed, "/api/chat", Rewrites(num_ctx=4096))
+    new_body, _ = apply_rewrites(parsed, Rewrites(num_ctx=4096))
     assert new_body is not None
     encoded = encode_body(new_body)
     assert b"caf\xe9 \xff" in encoded and b'"num_ctx":4096' in encoded
@@ -68,7 +70,7 @@ def test_the_clients_nested_objects_are_copied_not_changed() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "options": {"num_ctx": 2048, "seed": 1}}
     snapshot = copy.deepcopy(body)
     parsed = _parsed(Dialect.OLLAMA, "/api/chat", body)
-    new_body, changes = apply_rewrites(parsed, "/api/chat", Rewrites(num_ctx=8192, max_output_tokens=64))
+    new_body, changes = apply_rewrites(parsed, Rewrites(num_ctx=8192, max_output_tokens=64))
     assert new_body is not None and len(changes) == 2
     assert new_body["options"] == {"num_ctx": 8192, "seed": 1, "num_predict": 64}
     assert body == snapshot and parsed.body == snapshot  # neither the top level nor options changed

@@ -101,11 +101,20 @@ async def test_invalid_utf8_is_counted_by_bytes_not_a_crash() -> None:
 async def test_raw_invalid_utf8_bytes_pass_through_unchanged() -> None:
     async with running(FakeLLM()) as fake, running_gateway([{"name": "o", "url": fake.url}]) as url, \
             aiohttp.ClientSession() as http:
-        raw = b'{"model": "llama3.1:8b", "stream": false, "messages": [{"role": "user", "content": "caf\xe9 \xff"}]}'
+        # the loaded context and an output limit: nothing to rewrite, so the client's bytes go out as they came
+        raw = (b'{"model": "llama3.1:8b", "stream": false, "options": {"num_ctx": 8192, "num_predict": 16}, '
+               b'"messages": [{"role": "user", "content": "caf\xe9 \xff"}]}')
         async with http.post(f"{url}/api/chat", data=raw) as r:
             assert r.status == 200
             assert int(r.headers["X-Kvgate-Prompt-Tokens"]) > 0
+            assert "X-Kvgate-Rewrite" not in r.headers
         assert fake.seen[-1].body == raw
+        # with no limit, kvgate sends the one it reserved; the odd bytes still go out as they came
+        raw = b'{"model": "llama3.1:8b", "stream": false, "messages": [{"role": "user", "content": "caf\xe9 \xff"}]}'
+        async with http.post(f"{url}/api/chat", data=raw) as r:
+            assert r.status == 200
+            assert "options.num_predict=" in r.headers["X-Kvgate-Rewrite"]
+        assert b"caf\xe9 \xff" in fake.seen[-1].body
 
 
 @pytest.mark.llama_server

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from gateway.observability.logs import sanitize
 from gateway.sim.config import SimConfig
 from gateway.sim.runner import start_sim
 from tests.support.gateway_server import running_gateway
@@ -53,6 +54,17 @@ async def test_metrics_and_status_show_requests_decisions_and_pools(gateway: str
     assert pool["active_sequences"] == 0 and pool["admitted_total"] == 2
     assert status["backends"][0]["models"] and status["backends"][0]["last_error"] is None
     assert "<h2>KV pools</h2>" in page and "llama3.1:8b" in page
+    assert status["truncations"] == {"counts": [], "recent": []}  # the prompts fit: nothing was cut
+    assert "<h2>Silent truncations</h2>" in page and "kvgate_truncations_total{" not in text
+
+
+@pytest.mark.parametrize(
+    ("given", "logged"),
+    [("llama3.1:8b", "llama3.1:8b"), ("a\nfake line", "a?fake line"), ("\x1b[31mred", "?[31mred"),
+     ("modèle", "mod?le"), ("x" * 200, "x" * 128 + "...")],
+)
+def test_client_strings_are_sanitized_for_logs(given: str, logged: str) -> None:
+    assert sanitize(given) == logged
 
 
 async def test_admin_routes_need_the_admin_key_when_one_is_set() -> None:

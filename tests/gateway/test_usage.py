@@ -54,3 +54,80 @@ def test_a_figure_far_from_the_end_is_still_found() -> None:
         observer.feed(delta)
     observer.feed(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
     assert observer.prompt_tokens() == 9
+
+
+def _observe(content_type: str, body: bytes, chunk_bytes: int = 7) -> int | None:
+    observer = UsageObserver()
+    observer.begin(content_type)
+    for start in range(0, len(body), chunk_bytes):
+        observer.feed(body[start:start + chunk_bytes])
+    return observer.prompt_tokens()
+
+
+def _sse(*events: dict[str, object]) -> bytes:
+    return b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in events)
+
+
+def _ndjson(*lines: dict[str, object]) -> bytes:
+    return b"".join(orjson.dumps(line) + b"\n" for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("name", "content_type", "body", "expected"),
+    [
+        ("ollama /api/chat", "application/json",
+         orjson.dumps({"message": {"content": "hi"}, "done": True, "prompt_eval_count": 2051, "eval_count": 3}), 2051),
+        ("ollama /api/generate stream", "application/x-ndjson",
+         _ndjson({"response": "a", "done": False},
+                 {"response": "", "done": True, "prompt_eval_count": 2051, "context": [1, 2, 3]}), 2051),
+        ("openai", "application/json",
+         orjson.dumps({"choices": [], "usage": {"prompt_tokens": 2051, "completion_tokens": 3}}), 2051),
+        ("openai stream with usage", "text/event-stream",
+         _sse({"choices": [{"delta": {"content": "a"}}], "usage": None},
+              {"choices": [], "usage": {"prompt_tokens": 2051, "prompt_tokens_details": {"cached_tokens": 2000}}})
+         + b"data: [DONE]\n\n", 2051),
+        ("openai stream without usage", "text/event-stream",
+         _sse({"choices": [{"delta": {"content": "a"}}]}) + b"data: [DONE]\n\n", None),
+        ("anthropic", "application/json",
+         orjson.dumps({"type": "message", "usage": {"input_tokens": 51, "cache_read_input_tokens": 2000,
+                                                    "output_tokens": 3}}), 2051),
+        ("anthropic stream", "text/event-stream",
+         b"event: message_start\n" + _sse({"type": "message_start", "message": {"usage": {"input_tokens": 2051}}})
+         + b"event: message_delta\n" + _sse({"type": "message_delta", "usage": {"output_tokens": 9}})
+         + b"event: message_stop\n" + _sse({"type": "message_stop"}), 2051),
+        ("openai responses stream", "text/event-stream",
+         _sse({"type": "response.output_text.delta", "delta": "a"},
+              {"type": "response.completed", "response": {"usage": {"input_tokens": 2051, "output_tokens": 1}}}),
+         2051),
+        ("llama-server /completion", "application/json",
+         orjson.dumps({"content": "a", "tokens_evaluated": 2051, "timings": {"cache_n": 2000, "prompt_n": 51}}),
+         2051),
+        ("llama-server /completion stream, timings only", "text/event-stream",
+         _sse({"content": "a", "stop": False},
+              {"content": "", "stop": True, "timings": {"cache_n": 2000, "prompt_n": 51, "predicted_n": 1}}), 2051),
+        ("an error body", "application/json", b'{"error":"model not found"}', None),
+    ],
+)
+def test_every_backend_shape(name: str, content_type: str, body: bytes, expected: int | None) -> None:
+    assert _observe(content_type, body) == expected, name
+    assert _observe(content_type, body, chunk_bytes=len(body) or 1) == expected, name
+
+
+def test_a_plain_body_longer_than_the_tail_is_read_by_name() -> None:
+    body = orjson.dumps({"choices": [{"message": {"content": "x" * (3 * TAIL_BYTES)}}],
+                        "usage": {"prompt_tokens": 2051, "prompt_tokens_details": {"cached_tokens": 9}}})
+    assert _observe("application/json", body, chunk_bytes=1 << 16) == 2051
+
+
+def test_a_figure_inside_the_text_is_not_taken_for_one() -> None:
+    body = orjson.dumps({"choices": [{"message": {"content": 'say "prompt_tokens": 5 ' + "x" * (2 * TAIL_BYTES)}}]})
+    assert _observe("application/json", body, chunk_bytes=1 << 16) is None
+
+
+def test_asking_twice_searches_once_until_more_comes() -> None:
+    observer = UsageObserver()
+    observer.begin("application/x-ndjson")
+    observer.feed(b'{"done":true,"prompt_eval_count":5}\n')
+    assert observer.prompt_tokens() == observer.prompt_tokens() == 5
+    observer.feed(b'{"done":true,"prompt_eval_count":6}\n')
+    assert observer.prompt_tokens() == 6

@@ -147,4 +147,8 @@ async def test_prober_against_llama_server(llama_server_bin: Path) -> None:
     assert profile.weights_bytes == summary.tensor_bytes
     assert [s.n_ctx for s in slots] == [2048, 2048]
     assert any("matches a split pool" in w for w in wrong.warnings)
-    assert buffers.model_bytes == pytest.approx(summary.tensor_bytes, abs=0.01 * 1024 * 1024)
+    # CPUs with AMX or repacking kernels hold a second, repacked copy of the weights in an extra host buffer
+    repacked = sum(buffers.by_device.get(device, 0) for device in ("AMX", "CPU_REPACK"))
+    # (then the mapped file keeps the rest, within a percent of the tensors)
+    tolerance_bytes = 0.01 * (summary.tensor_bytes if repacked else 1024 * 1024)
+    assert buffers.model_bytes - repacked == pytest.approx(summary.tensor_bytes, abs=tolerance_bytes)

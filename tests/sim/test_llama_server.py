@@ -137,3 +137,73 @@ async def test_unknown_path_is_llama_servers_404() -> None:
 async def test_a_model_that_does_not_fit_fails_at_start() -> None:
     with pytest.raises(StartupFailed, match=r"llama3\.1:8b with -c 131072"):
         await start_sim(fast(mode="llama-server", ctx_size=131072, gpu_bytes=(12 * GIB,)))
+
+
+async def test_n_predict_wins_over_max_tokens_and_ignore_eos_runs_until_the_slot_fills() -> None:
+    cfg = fast(mode="llama-server", ctx_size=1024, n_parallel=2)  # two 512-cell slots
+    async with sim_session(cfg) as (_, s):
+        status, done = await post(s, "/v1/chat/completions", chat(20, max_tokens=4, n_predict=40, ignore_eos=True))
+        assert status == 200 and done["usage"]["completion_tokens"] == 40
+        status, done = await post(s, "/v1/chat/completions", chat(20, max_completion_tokens=6, max_tokens=3))
+        assert status == 200 and done["usage"]["completion_tokens"] <= 6
+        status, done = await post(s, "/completion", {"prompt": [1000] * 100, "ignore_eos": True})
+        assert (status, done["stop_type"], done["tokens_predicted"]) == (200, "limit", 512 - 1 - 100)
+        status, body = await post(s, "/completion", {"prompt": "hi", "max_tokens": -2})
+        assert status == 400 and "max_tokens" in body["error"]["message"]
+
+
+async def test_openai_completions_responses_and_anthropic_messages() -> None:
+    cfg = fast(mode="llama-server", ctx_size=2048, n_parallel=1)
+    async with sim_session(cfg) as (_, s):
+        status, done = await post(s, "/v1/completions", {"prompt": "Once", "max_tokens": 5, "ignore_eos": True})
+        assert status == 200 and done["object"] == "text_completion" and done["usage"]["completion_tokens"] == 5
+        assert (await post(s, "/v1/completions", {}))[1]["error"]["message"] == '"prompt" is required'
+        body = {
+            "input": [{"role": "user", "content": "hi there"}],
+            "instructions": "Be brief.",
+            "max_output_tokens": 7,
+            "ignore_eos": True,
+        }
+        status, done = await post(s, "/v1/responses", body)
+        assert status == 200 and done["object"] == "response" and done["usage"]["output_tokens"] == 7
+        assert (await post(s, "/v1/responses/input_tokens", body))[1]["input_tokens"] == done["usage"]["input_tokens"]
+        anthropic = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 3}
+        status, done = await post(s, "/v1/messages", anthropic)
+        assert status == 200 and done["type"] == "message" and done["usage"]["output_tokens"] <= 3
+        counted = (await post(s, "/v1/messages/count_tokens", anthropic))[1]
+        assert counted == {"input_tokens": done["usage"]["input_tokens"]}
+        dropped = {**anthropic, "max_tokens": 5, "n_predict": 50, "ignore_eos": True}  # not carried over
+        assert (await post(s, "/v1/messages", dropped))[1]["usage"]["output_tokens"] <= 5
+        status, body = await post(s, "/infill", {"input_prefix": "def f(", "input_suffix": "):"})
+        assert status == 501 and body["error"]["message"].startswith("Infill is not supported by this model")
+
+
+async def test_stream_shapes_of_the_other_routes() -> None:
+    cfg = fast(mode="llama-server", ctx_size=2048, n_parallel=1)
+    async with sim_session(cfg) as (_, s):
+
+        async def events(path: str, body: dict[str, object]) -> list[str]:
+            async with s.post(path, json={**body, "stream": True}) as resp:
+                return [e for e in (await resp.read()).decode().split("\n\n") if e]
+
+        resp_events = await events("/v1/responses", {"input": "hi", "max_output_tokens": 3, "ignore_eos": True})
+        assert resp_events[0].startswith("event: response.created") and "response.completed" in resp_events[-1]
+        msg_events = await events("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert msg_events[0].startswith("event: message_start") and msg_events[-1].startswith("event: message_stop")
+        cmpl_events = await events("/v1/completions", {"prompt": "hi", "max_tokens": 3, "ignore_eos": True})
+        assert cmpl_events[-1] == "data: [DONE]" and len(cmpl_events) == 5
+        native = await events("/completion", {"prompt": "hi", "n_predict": 3, "ignore_eos": True})
+        assert orjson.loads(native[-1].removeprefix("data: "))["stop"] is True and len(native) == 4
+
+
+async def test_anthropic_streams_end_with_an_error_event() -> None:
+    cfg = fast(mode="llama-server", ctx_size=1024, time_scale=50.0, min_response_tokens=900, max_response_tokens=900)
+    async with sim_session(cfg) as (url, _s):
+
+        async def stream() -> str:
+            body = {"messages": [{"role": "user", "content": "word " * 200}], "max_tokens": 900, "stream": True}
+            async with aiohttp.ClientSession(url) as own, own.post("/v1/messages", json=body) as resp:
+                return (await resp.read()).decode()
+
+        texts = await asyncio.gather(*(stream() for _ in range(3)))
+    assert any("event: error\ndata: " in text and "Context size has been exceeded." in text for text in texts)

@@ -21,6 +21,10 @@ from aiohttp import web
 from gateway.app import start_server
 
 MODELS = ("llama3.1:8b", "qwen2.5:7b")
+CONTEXT_TOKENS = 8192
+"""Loaded models have this context (/api/ps), and /props reports it per slot."""
+PROBES = frozenset({"/api/ps", "/props", "/api/tags", "/v1/models"})
+"""What kvgate asks to learn a KV pool; faults in the script apply to the other paths."""
 
 
 @dataclass
@@ -54,6 +58,8 @@ class FakeLLM:
     seen: list[Seen] = field(default_factory=list)
     cancelled: list[tuple[str, float]] = field(default_factory=list)
     url: str = ""
+    loaded: set[str] = field(default_factory=set)
+    """Models loaded by a request; the first model is loaded from the start."""
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -73,15 +79,20 @@ class FakeLLM:
         s = self.script
         if s.first_byte_delay_s:
             await asyncio.sleep(s.first_byte_delay_s)
-        if s.status != 200:
-            return web.Response(status=s.status, body=s.error_body, content_type="application/json")
         path = request.path
+        if s.status != 200 and path not in PROBES:
+            return web.Response(status=s.status, body=s.error_body, content_type="application/json")
+        if path == "/props":
+            return web.json_response({"default_generation_settings": {"n_ctx": CONTEXT_TOKENS}, "total_slots": 4,
+                                      "model_path": "/models/fake.gguf", "model_alias": ""})
         if path == "/api/tags":
             return web.json_response({"models": [{"name": m, "model": m, "size": 1} for m in s.models]})
         if path == "/v1/models":
             return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in s.models]})
         if path == "/api/ps":
-            return web.json_response({"models": [{"name": s.models[0], "size_vram": 1}]})
+            loaded = [m for m in s.models if m == s.models[0] or m in self.loaded]
+            return web.json_response({"models": [{"name": m, "model": m, "size": 1, "size_vram": 1,
+                                                  "context_length": CONTEXT_TOKENS} for m in loaded]})
         if path == "/api/version":
             return web.json_response({"version": "0.33.0"})
         if path == "/":
@@ -96,6 +107,7 @@ class FakeLLM:
         if path in ("/api/embed", "/v1/embeddings", "/api/embeddings"):
             return self._embedding(path, model)
         if path in ("/api/chat", "/api/generate"):
+            self.loaded.add(model)  # Ollama loads the model for any chat or generate, a load request included
             stream = request_json.get("stream", True) is not False
             return await self._ollama(request, path, model, stream)
         if path in ("/v1/chat/completions", "/v1/completions", "/completion", "/v1/messages", "/v1/responses"):

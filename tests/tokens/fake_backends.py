@@ -49,6 +49,7 @@ class FakeOllama:
         name = str(body.get("model"))
         if (name if ":" in name else f"{name}:latest") != self.model:
             return web.json_response({"error": f"model '{body.get('model')}' not found"}, status=404)
+        self.calls["show_verbose"] += bool(body.get("verbose"))
         info = self.model_info if body.get("verbose") else {k: None for k in self.model_info}
         return web.json_response({"model_info": info, "template": "{{ .Prompt }}"})
 

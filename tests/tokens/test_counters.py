@@ -162,7 +162,8 @@ async def test_ollama_source_builds_once_and_caches_by_digest(tmp_path: Path) ->
             source = OllamaShowSource(session, url, "llama2", cache_dir=tmp_path)
             counter = TokenizerCounter(source, model="llama2")
             assert (await counter.count_text("Hello world", add_special=False)).tokens == 2
-    assert fake.calls["show"] == 1
+    assert fake.calls["show_verbose"] == 1  # the second only asks for the (small) template
+    assert fake.calls["show"] == 2
     assert fake.calls["tags"] == 2
     assert (tmp_path / "ollama-sha256-abc123.v1.tokenizer.json").is_file()
 

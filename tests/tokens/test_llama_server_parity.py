@@ -17,8 +17,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway import dialects
+from gateway.domain import Dialect, Operation
 from gateway.tokens.llama_server_counter import LlamaServerCounter, probe_chat_template
-from gateway.tokens.request_count import count_request
+from gateway.tokens.request_count import count_prompt
 from gateway.tokens.sources import GGUFFileSource
 from gateway.tokens.tokenizer_counter import TokenizerCounter
 from tests.support.llama_server import RunningLlamaServer, run_llama_server
@@ -100,7 +102,8 @@ async def test_raw_prompts_match_tokenize_and_completion(server: RunningLlamaSer
                 assert mine.tokens == theirs.tokens, (prompt, add_special)
             body = {"prompt": prompt, "n_predict": 1}
             reply = await _json(session, "POST", f"{server.url}/completion", body)
-            counted = await count_request(body, "llama-server", ours)
+            parsed = dialects.parse(Dialect.LLAMACPP, Operation.GENERATE, body, "/completion")
+            counted = await count_prompt(parsed.prompt_input, ours)
             assert counted.tokens == reply["tokens_evaluated"], prompt
 
 

@@ -1,4 +1,4 @@
-"""count_request turns every dialect's body into the right count_chat / count_text calls."""
+"""Each dialect's body, parsed into one Prompt, turns into the right count_chat / count_text calls."""
 
 from __future__ import annotations
 
@@ -7,8 +7,26 @@ from typing import Any
 
 import pytest
 
-from gateway.tokens.count import Message, TokenCount, Tool
-from gateway.tokens.request_count import count_request
+from gateway import dialects
+from gateway.domain import Dialect, Operation
+from gateway.errors import InvalidField
+from gateway.tokens.count import Counter, Message, TokenCount, Tool
+from gateway.tokens.request_count import count_prompt
+
+
+async def count_request(body: dict[str, Any], dialect: str, counter: Counter) -> TokenCount:
+    """Parse ``body`` as its dialect would (chat when it has messages, else generate; infill for llama-server
+    bodies with ``input_prefix``) and count the prompt."""
+    kind = Dialect(dialect)
+    if "messages" in body:
+        operation = Operation.CHAT
+    elif "input_prefix" in body:
+        operation = Operation.INFILL
+    else:
+        operation = Operation.GENERATE
+    if kind is Dialect.OLLAMA:
+        body = {"model": "m", **body}
+    return await count_prompt(dialects.parse(kind, operation, body, "").prompt_input, counter)
 
 
 class RecordingCounter:
@@ -68,16 +86,17 @@ async def test_ollama_raw_generate_is_text() -> None:
     ],
 )
 async def test_completion_prompts(prompt: Any, tokens: int, texts: list[tuple[str, bool]]) -> None:
-    for dialect in ("openai", "llama-server"):
+    for dialect in ("openai", "llama-server") if not isinstance(prompt, dict) else ("llama-server",):
         counter = RecordingCounter()
         counted = await count_request({"prompt": prompt}, dialect, counter)
         assert counted.tokens == tokens
         assert counter.texts == texts
 
 
-async def test_llama_server_content_field() -> None:
+async def test_llama_server_infill_is_an_estimate_of_its_pieces() -> None:
     counter = RecordingCounter()
-    assert (await count_request({"content": "abcd"}, "llama-server", counter)).tokens == 5
+    counted = await count_request({"input_prefix": "ab", "input_suffix": "cd"}, "llama-server", counter)
+    assert counted.tokens == len("ab\ncd") + 1 and not counted.exact
 
 
 async def test_anthropic_system_blocks_and_tools() -> None:
@@ -95,7 +114,6 @@ async def test_anthropic_system_blocks_and_tools() -> None:
     ]
 
 
-async def test_non_mapping_messages_are_skipped_not_fatal() -> None:
-    counter = RecordingCounter()
-    await count_request({"messages": ["junk", {"role": "user", "content": "ok"}]}, "openai", counter)
-    assert counter.chats[0][0] == [{"role": "user", "content": "ok"}]
+async def test_non_mapping_messages_are_refused_by_the_dialect() -> None:
+    with pytest.raises(InvalidField, match=r"messages\[0\]"):
+        await count_request({"messages": ["junk", {"role": "user", "content": "ok"}]}, "openai", RecordingCounter())

@@ -1,0 +1,134 @@
+"""No false refusals from the first request (issue 9, point 7).
+
+A FRESH kvgate in front of the simulated Ollama gets 50 varied chats (with and without a system prompt, one to many
+turns, tool results where the family has them, unicode, lengths spread up to the context). Each chat's true prompt
+length is the simulator's own render + tokenize, checked against the prompt_eval_count it reports. Every chat whose
+true prompt plus its output fits the context must be forwarded unchanged, and the count kvgate states in
+X-Kvgate-Prompt-Tokens must equal prompt_eval_count when the counter calls it exact, from the very first reply.
+
+Known deviation, in the simulator: for phi3 it splits prompts at special tokens by hand (gateway/sim/vocab.py) and
+so ignores the rstrip llama.cpp gives phi-3's special tokens (`<|end|>\n` is one token there, three in the
+simulator). kvgate tokenizes like llama.cpp, so its phi3 count is lower than the simulator's (about two tokens per
+special token followed by a newline); for phi3 the test checks only that kvgate's count is not above it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gateway.sim.catalog import lookup, select
+from gateway.sim.config import SimConfig
+from gateway.sim.runner import start_sim
+from gateway.sim.templates import Message, render
+from gateway.sim.vocab import tokenizer_for
+from tests.support.gateway_server import running_gateway
+
+CONTEXT_TOKENS = 4096
+MODELS = ("llama3.1:8b", "qwen2.5:7b", "phi3:mini")
+TOOL_FAMILIES = ("llama3", "qwen2")
+_TEXT = ("the model answers quickly because the context holds every token we send; café naïve 東京 😀 numbers "
+         "3.14159 and 2048, code `print(1)`, <b>tags</b> & symbols")
+WORDS = tuple(_TEXT.split(" "))
+
+
+def true_prompt_tokens(model: str, messages: list[dict[str, Any]]) -> int:
+    spec = lookup(select(MODELS), model)
+    assert spec is not None
+    rendered = render(spec.template, [Message(m["role"], m["content"]) for m in messages])
+    return len(tokenizer_for(spec).encode(rendered))
+
+
+def make_chat(rng: random.Random, model: str, target_tokens: int, output_tokens: int) -> list[dict[str, Any]]:
+    """A chat of about `target_tokens` true prompt tokens (never more than the context minus the output)."""
+    family = lookup(select(MODELS), model)
+    assert family is not None
+    roles: list[str] = ["system"] if rng.random() < 0.5 else []
+    for turn in range(rng.choice((0, 0, 1, 2, 4, 8))):
+        roles += ["user", "assistant"]
+        if family.template in TOOL_FAMILIES and rng.random() < 0.3:
+            roles += ["tool", "assistant"] if turn % 2 else ["tool"]
+            if roles[-1] == "tool":
+                roles.append("assistant")
+    roles.append("user")
+    share = max(1, int(target_tokens / 1.6 / len(roles)))
+    texts = [[rng.choice(WORDS) for _ in range(rng.randint(max(1, share // 2), share * 3 // 2 + 1))] for _ in roles]
+    chat = [{"role": r, "content": " ".join(t)} for r, t in zip(roles, texts, strict=True)]
+    while true_prompt_tokens(model, chat) + output_tokens > CONTEXT_TOKENS:
+        longest = max(range(len(texts)), key=lambda i: len(texts[i]))
+        del texts[longest][-max(1, len(texts[longest]) // 20):]
+        chat[longest]["content"] = " ".join(texts[longest])
+    return chat
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[str]:
+    config = SimConfig(models=MODELS, num_parallel=1, load_s=0.05, time_scale=50.0, context_length=CONTEXT_TOKENS,
+                       min_response_tokens=2, max_response_tokens=6, gen_tokens_per_s=500.0,
+                       prompt_tokens_per_s=200_000.0)
+    runner, url = await start_sim(config)
+    try:
+        yield url
+    finally:
+        await runner.cleanup()
+
+
+async def test_fresh_kvgate_counts_the_first_chat_exactly_and_refuses_nothing_that_fits(sim: str) -> None:
+    rng = random.Random(9)
+    backend = {"name": "sim", "kind": "ollama", "url": sim, "context_tokens": CONTEXT_TOKENS, "parallel": 1}
+    rows: list[tuple[str, int, int, int, int, str, str]] = []
+    # the first count may wait for the tokenizer (fetched and converted from /api/show) instead of estimating
+    counting = {"count_budget_s": 60.0}
+    async with running_gateway([backend], counting=counting) as url, aiohttp.ClientSession() as http:
+        for i in range(50):
+            model = MODELS[i % len(MODELS)]
+            output_tokens = rng.choice((16, 64, 256))
+            target = int(rng.uniform(0.0, 1.05) * (CONTEXT_TOKENS - output_tokens))
+            chat = make_chat(rng, model, max(8, target), output_tokens)
+            truth = true_prompt_tokens(model, chat)
+            body = {"model": model, "stream": False, "messages": chat, "options": {"num_predict": output_tokens}}
+            async with http.post(f"{url}/api/chat", json=body) as response:
+                payload = await response.json()
+                headers = response.headers
+            counted = int(headers.get("X-Kvgate-Prompt-Tokens", -1))
+            counter = headers.get("X-Kvgate-Counter", "?")
+            outcome = "ok" if response.status == 200 and "X-Kvgate-Trimmed" not in headers else (
+                f"{response.status} {str(payload.get('error', headers.get('X-Kvgate-Trimmed')))[:60]}")
+            evaluated = int(payload.get("prompt_eval_count", -1))
+            rows.append((model, len(chat), truth, output_tokens, counted, counter, outcome))
+            assert outcome == "ok", (model, truth, output_tokens, counted, outcome)  # it fits: no false refusal
+            assert evaluated == truth  # the simulator evaluated exactly the chat, untruncated
+            if counter.endswith("exact"):
+                if model.startswith("phi3"):
+                    assert evaluated - 3 * _phi3_markers(model, chat) <= counted <= evaluated, (model, chat)
+                else:
+                    assert counted == evaluated, (model, chat)
+    _print_table(rows)
+    firsts = {model: next(r for r in rows if r[0] == model) for model in MODELS}
+    for model, row in firsts.items():
+        assert row[5].endswith("exact"), (model, row)
+        assert row[4] == row[2] or model.startswith("phi3"), (model, row)
+
+
+def _phi3_markers(model: str, chat: list[dict[str, Any]]) -> int:
+    """Special tokens followed by a newline in the phi3 prompt (see the module docstring)."""
+    if not model.startswith("phi3"):
+        return 0
+    spec = lookup(select(MODELS), model)
+    assert spec is not None
+    rendered = render(spec.template, [Message(m["role"], m["content"]) for m in chat])
+    markers = ("<|system|>\n", "<|user|>\n", "<|assistant|>\n", "<|end|>\n")
+    return sum(rendered.count(m) for m in markers)
+
+
+def _print_table(rows: list[tuple[str, int, int, int, int, str, str]]) -> None:
+    print(f"\n{'model':14s} {'msgs':>4s} {'true':>6s} {'out':>4s} {'kvgate':>6s} {'diff':>5s}  {'counter':14s} outcome")
+    for model, n, truth, out, counted, counter, outcome in rows:
+        print(f"{model:14s} {n:4d} {truth:6d} {out:4d} {counted:6d} {counted - truth:5d}  {counter:14s} {outcome}")
+    exact = sum(1 for r in rows if r[5].endswith("exact") and r[4] == r[2])  # phi3: see the module docstring
+    print(f"{exact}/{len(rows)} counted exactly; largest true prompt + output: "
+          f"{max(r[2] + r[3] for r in rows)} of {CONTEXT_TOKENS}")
