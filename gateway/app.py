@@ -92,6 +92,7 @@ def create_app(
             reason = unadmitted_reason(backend) if settings.admission.enabled else "admission is off"
             if reason is not None:
                 log.warning("%s", reason)
+        checks = asyncio.gather(*(pools.check_configured(backend) for backend in registry.backends))
         room = WaitingRoom(Ledger())
         app[GATE] = Gate(settings.admission, pools, room)
         metrics.watch_pools(room, pools.known)
@@ -99,6 +100,9 @@ def create_app(
         app[PROXY] = Proxy(settings, registry, session, app[COUNTING], app[GATE], metrics, tenants)
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
         yield
+        checks.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await checks
         if refresher is not None:
             refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -169,8 +173,15 @@ async def _status(request: web.Request) -> web.Response:
     if not admin_allowed(request, request.app[SETTINGS].server.admin_key):
         return _forbidden()
     app = request.app
-    status = kvgate_api.status_snapshot(app[REGISTRY], app[GATE].room, app[POOLS].known(), time.monotonic()
-                                        - app[STARTED], app[METRICS].truncation_log.snapshot())
+    pools = app[POOLS]
+    notes: dict[str, list[str]] = {}
+    for backend in app[REGISTRY].backends:
+        reason = unadmitted_reason(backend) if app[SETTINGS].admission.enabled else "admission is off"
+        notes[backend.name] = [reason] if reason else []
+    for (backend_name, _), message in pools.disagreements.items():
+        notes.setdefault(backend_name, []).append(message)
+    status = kvgate_api.status_snapshot(app[REGISTRY], app[GATE].room, pools.known(), time.monotonic() - app[STARTED],
+                                        app[METRICS].truncation_log.snapshot(), notes)
     if "text/html" in request.headers.get("Accept", ""):
         return web.Response(text=kvgate_api.status_html(status), content_type="text/html")
     return web.json_response(status)

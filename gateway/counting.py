@@ -55,7 +55,7 @@ class Counting:
         self._settings = counting_settings(settings)
         self._session = session
         self._chains: dict[tuple[str, str], CounterChain] = {}
-        self._templates: dict[str, str | None] = {}
+        self._templates: dict[str, asyncio.Future[str | None]] = {}
         self._slow: dict[tuple[str, str], asyncio.Future[TokenCount]] = {}
         self._warm: set[tuple[str, str]] = set()
         self._budget_s = settings.counting.count_budget_s
@@ -67,18 +67,24 @@ class Counting:
         key = (backend.name, model)
         chain = self._chains.get(key)
         if chain is None:
-            template = None
-            if backend.kind is BackendKind.LLAMA_SERVER:
-                if backend.name not in self._templates:
-                    self._templates[backend.name] = await probe_chat_template(
-                        self._session, backend.settings.url, api_key=backend.api_key)
-                template = self._templates[backend.name]
-            chain = build_counter_chain(
-                str(backend.kind), model, session=self._session, base_url=backend.settings.url,
-                settings=self._settings, llama_server_template=template, api_key=backend.api_key,
-            )
-            self._chains[key] = chain
+            template = await self._server_template(backend) if backend.kind is BackendKind.LLAMA_SERVER else None
+            chain = self._chains.get(key)  # another request may have built it meanwhile: one chain per model
+            if chain is None:
+                chain = build_counter_chain(
+                    str(backend.kind), model, session=self._session, base_url=backend.settings.url,
+                    settings=self._settings, llama_server_template=template, api_key=backend.api_key,
+                )
+                self._chains[key] = chain
         return chain
+
+    async def _server_template(self, backend: Backend) -> str | None:
+        """llama-server's chat template family, asked once per backend however many requests need it at once."""
+        probe = self._templates.get(backend.name)
+        if probe is None:
+            probe = asyncio.ensure_future(
+                probe_chat_template(self._session, backend.settings.url, api_key=backend.api_key))
+            self._templates[backend.name] = probe
+        return await asyncio.shield(probe)
 
     async def count(
         self, parsed: ParsedRequest, backend: Backend, model: str | None = None, *, budget_s: float | None = None
@@ -88,9 +94,10 @@ class Counting:
 
         A count that takes longer than ``budget_s`` (default ``counting.count_budget_s``: a model's tokenizer is
         being fetched and built, a llama-server is slow to answer) goes on in the background, for the requests after
-        this one; this one gets the byte estimate, flagged as such, so no request waits on a tokenizer build. A
-        caller that would refuse a request on an estimate asks again with a longer budget, and then waits for the
-        count already under way.
+        this one; this one gets the byte estimate, flagged as such, so no request waits on a tokenizer build longer
+        than its budget. A request that arrives while that count is under way waits for it up to its own budget (the
+        load may finish meanwhile), then counts exactly or estimates. A caller that would refuse a request on an
+        estimate asks again with a longer budget, and so waits longer for the count already under way.
         """
         if parsed.operation not in COUNTED_OPERATIONS:
             raise ValueError(f"{parsed.operation} requests have no prompt to count")
@@ -100,7 +107,7 @@ class Counting:
         prompt = parsed.prompt_input
         budget = self._budget_s if budget_s is None else budget_s
         running = self._slow.get(key)
-        if running is not None and not running.done() and budget > self._budget_s:
+        if running is not None and not running.done():  # a load under way: it may finish within this budget
             await asyncio.wait({running}, timeout=budget)
         if key in self._warm:  # its tokenizer is loaded: no need to guard against a slow load
             try:
@@ -137,9 +144,9 @@ class Counting:
         elif task.result().counter != ESTIMATE_COUNTER:
             self._warm.add(key)
 
-    async def calibrate(self, parsed: ParsedRequest, backend: Backend, observed_prompt_tokens: int) -> None:
+    async def calibrate(self, parsed: ParsedRequest, backend: Backend, model: str, observed_prompt_tokens: int) -> None:
         """Learn a model's template overhead from the prompt length its backend reported."""
-        chain = self._chains.get((backend.name, parsed.model or ""))
+        chain = self._chains.get((backend.name, model))
         messages = parsed.prompt_input.messages
         if chain is None or not messages:
             return

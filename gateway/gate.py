@@ -92,9 +92,14 @@ class Gate:
             return None
         return await self._pools.pool_for(backend, model)
 
-    def model_may_have_reloaded(self, backend: Backend, model: str | None) -> None:
-        """After a request that may have (re)loaded a model at another context, its layout is read anew."""
-        if model:
+    def model_may_have_reloaded(self, backend: Backend, model: str | None, *, at_default: bool = False) -> None:
+        """After a request that may have (re)loaded a model at another context (``at_default``: at Ollama's own
+        default, as /v1 requests do), its layout is read anew."""
+        if not model:
+            return
+        if at_default:
+            self._pools.after_default_load(backend, model)
+        else:
             self._pools.mark_stale(backend, model)
 
     async def admit(
@@ -108,6 +113,11 @@ class Gate:
         recount: Recount,
     ) -> Admission:
         """Reserve the request's sequences in ``pool`` (waiting if it must) and rewrite its body as planned."""
+        headers: dict[str, str] = {}
+        cap = tenant.max_prompt_tokens
+        if cap is not None and count.tokens > cap and not count.exact:
+            count = await recount(parsed)  # never refuse on an estimate: wait for the real count first
+            headers.update(count_headers(count))
         _check_prompt_cap(tenant, count)
         limit, capped = _output_cap(parsed, tenant)
         if pool is None:
@@ -124,7 +134,6 @@ class Gate:
         policy = self._policy
         if tenant.max_active is not None:
             policy = replace(policy, per_tenant_max_active=tenant.max_active)
-        headers: dict[str, str] = {}
         trimmed_body = False
         permit = await self._acquire(pool, cost, policy, is_disconnected)
         if isinstance(permit, AdmissionRejected) and not cost.prompt_exact:

@@ -66,6 +66,10 @@ class Knowledge:
         """Ollama: load the model (an empty /api/generate), at ``num_ctx`` or at Ollama's own default."""
         await self._ollama_prober(backend).load(model, num_ctx)
 
+    async def loaded_models(self, backend: Backend) -> list[LoadedModel]:
+        """Ollama: every model /api/ps shows loaded now."""
+        return await self._ollama_prober(backend).loaded()
+
     async def loaded_model(self, backend: Backend, model: str) -> LoadedModel | None:
         """Ollama: the model as /api/ps shows it loaded now (size, size_vram, context), None when not loaded."""
         prober = self._ollama_prober(backend)

@@ -166,10 +166,12 @@ def count_handler(deps: CountDeps) -> Callable[[web.Request], Awaitable[web.Resp
 
 def status_snapshot(
     registry: BackendRegistry, room: WaitingRoom, pools: dict[tuple[str, str], PoolSpec], uptime_s: float,
-    truncations: dict[str, Any] | None = None,
+    truncations: dict[str, Any] | None = None, notes: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """Backends, their models, every KV pool with its reservations and queue, and the silent truncations seen in
+    """Backends (with ``notes``: why one is forwarded without admission, a configured context its loaded models
+    disagree with), their models, every KV pool with its reservations and queue, and the silent truncations seen in
     replies (``TruncationLog.snapshot()``), as JSON."""
+    notes = notes or {}
     stats = room.stats()
     pool_rows = []
     for key in sorted({*pools, *room.ledger.keys(), *stats}):
@@ -195,7 +197,7 @@ def status_snapshot(
         "uptime_s": round(uptime_s, 1),
         "backends": [
             {"name": b.name, "kind": str(b.kind), "url": b.settings.url, "models": sorted(b.models),
-             "last_error": b.last_error}
+             "last_error": b.last_error, "notes": notes.get(b.name, [])}
             for b in registry.backends
         ],
         "pools": pool_rows,
@@ -210,9 +212,9 @@ def status_html(status: dict[str, Any]) -> str:
 
     pool_columns = ["backend", "model", "kind", "slots", "slot_context_tokens", "capacity_tokens", "active_sequences",
                     "reserved_tokens", "queued", "oldest_wait_s", "admitted_total", "refused_total"]
-    backend_rows = "".join(
-        f"<tr>{cells([b['name'], b['kind'], b['url'], ', '.join(b['models']), b['last_error'] or ''])}</tr>"
-        for b in status["backends"])
+    backend_columns = [[b["name"], b["kind"], b["url"], ", ".join(b["models"]), b["last_error"] or "",
+                        "; ".join(b["notes"])] for b in status["backends"]]
+    backend_rows = "".join(f"<tr>{cells(row)}</tr>" for row in backend_columns)
     pool_rows = "".join(f"<tr>{cells([p[c] for c in pool_columns])}</tr>" for p in status["pools"])
     truncations = status["truncations"]
     count_rows = "".join(f"<tr>{cells([c['backend'], c['model'], c['truncations']])}</tr>"
@@ -223,7 +225,7 @@ def status_html(status: dict[str, Any]) -> str:
         "<!doctype html><html><head><meta charset='utf-8'><title>kvgate status</title>"
         "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:left}</style></head><body>"
         f"<h1>kvgate {html.escape(status['version'])}</h1><p>up {status['uptime_s']} s</p>"
-        f"<h2>Backends</h2><table><tr>{cells(['name', 'kind', 'url', 'models', 'last error'], 'th')}</tr>"
+        f"<h2>Backends</h2><table><tr>{cells(['name', 'kind', 'url', 'models', 'last error', 'notes'], 'th')}</tr>"
         f"{backend_rows}</table>"
         f"<h2>KV pools</h2><table><tr>{cells(pool_columns, 'th')}</tr>{pool_rows}</table>"
         "<h2>Silent truncations</h2><p>replies whose reported prompt length is short of kvgate's count: the "

@@ -72,6 +72,8 @@ class PoolDirectory:
         self._cache: dict[PoolId, tuple[float, PoolSpec]] = {}
         self._probing: dict[PoolId, asyncio.Future[PoolSpec]] = {}
         self._stale: set[PoolId] = set()
+        self._checking_default: set[PoolId] = set()
+        self._default_confirmed: set[PoolId] = set()
         self._failures: dict[PoolId, str] = {}
         self.disagreements: dict[PoolId, str] = {}
         """Configured contexts the backend's loaded models disagree with (for the status page)."""
@@ -101,6 +103,15 @@ class PoolDirectory:
         """The next request re-reads the layout (after a response that may have loaded or reloaded the model)."""
         self._stale.add((backend.name, model))
 
+    def after_default_load(self, backend: Backend, model: str) -> None:
+        """After a request that runs the model at Ollama's own default context (a /v1 request, which can't carry
+        num_ctx, reloads a model loaded at another one): re-read the layout, until a re-read shows the default is
+        the context it runs with; from then on /v1 requests cost no extra probe."""
+        pool_id = (backend.name, model)
+        if pool_id not in self._default_confirmed:
+            self._stale.add(pool_id)
+            self._checking_default.add(pool_id)
+
     async def _probe_until_ready(self, backend: Backend, pool_id: PoolId) -> PoolSpec:
         deadline = self._clock() + self._settings.admission.probe_wait_s
         pause_s = PROBE_RETRY_FIRST_S
@@ -127,6 +138,12 @@ class PoolDirectory:
                 continue
             if self._failures.pop(pool_id, None) is not None:
                 log.info("learned the KV pool of %s again", _label(backend, pool_id[1]))
+            previous = self._cache.get(pool_id)
+            if previous is not None and previous[1] != pool:
+                self._default_confirmed.discard(pool_id)
+            elif previous is not None and pool_id in self._checking_default:
+                self._default_confirmed.add(pool_id)
+            self._checking_default.discard(pool_id)
             self._cache[pool_id] = (self._clock(), pool)
             self._stale.discard(pool_id)
             return pool
@@ -167,6 +184,20 @@ class PoolDirectory:
         if context is not None:
             log.info("model %r on %s loaded with a context of %d tokens", model, backend.describe(), context)
         return context
+
+    async def check_configured(self, backend: Backend) -> None:
+        """At start-up: report models an Ollama backend already has loaded at another context than its configured
+        ``context_tokens`` (kvgate will follow them); a backend that can't be asked is checked on first use."""
+        configured = backend.settings.context_tokens
+        if backend.kind is not BackendKind.OLLAMA or configured is None:
+            return
+        try:
+            loaded = await self._knowledge.loaded_models(backend)
+        except ProbeError:
+            return
+        for model in loaded:
+            if model.context_tokens is not None and model.context_tokens != configured:
+                self._note_disagreement(backend, model.name, model.context_tokens)
 
     def _note_disagreement(self, backend: Backend, model: str, loaded: int) -> None:
         message = (f"{backend.describe()} has context_tokens = {backend.settings.context_tokens} but model {model!r} "

@@ -170,7 +170,7 @@ class Proxy:
         finally:
             admission.release()
             if backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
-                self._gate.model_may_have_reloaded(backend, model)  # /v1 loads at Ollama's own default context
+                self._gate.model_may_have_reloaded(backend, model, at_default=True)  # /v1: Ollama's default
         if observer is not None and count is not None and response.status == 200:
             await self._observe(parsed, backend, count, observer.prompt_tokens(), response.headers, model)
         return response
@@ -192,8 +192,8 @@ class Proxy:
         found = truncation.check_reply(sent, seen, estimate_margin=self._settings.counting.estimate_safety_margin)
         if found is not None:
             self._report_truncation(parsed, backend, model, found)
-        if count.counter != ESTIMATE_COUNTER and backend.kind is BackendKind.OLLAMA:
-            await self._counting.calibrate(parsed, backend, seen)
+        if count.counter != ESTIMATE_COUNTER and not count.exact and backend.kind is BackendKind.OLLAMA:
+            await self._counting.calibrate(parsed, backend, model, seen)  # an exact count has nothing to learn
 
     def _report_truncation(
         self, parsed: ParsedRequest, backend: Backend, model: str, found: truncation.Truncation

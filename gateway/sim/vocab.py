@@ -4,6 +4,14 @@ Real tokenizers come from ``gateway/data/vocab/ggml-vocab-*.gguf`` through ``gat
 tokenizes like llama.cpp (special tokens parsed, BOS added as the model's metadata says), so the simulator's
 ``prompt_eval_count`` is the count a real server would report for the same rendered prompt.
 
+The simulator splits a prompt at the vocabulary's special tokens itself, as llama.cpp's
+``tokenizer_st_partition`` does, and then tokenizes each piece of text (cached: truncation re-tokenizes the same
+turns many times). Like llama.cpp it gives Phi-3's special tokens the right-strip attribute (``llama-vocab.cpp``:
+when the lower-cased ``general.name`` holds "phi-3" or "phi3", every special token but ``<unk>``, ``<s>`` and
+``<|endoftext|>`` swallows the whitespace after it), so ``<|end|>\n`` is one token, as a real Ollama counts it.
+This rule is written here from llama.cpp, not taken from the gateway's tokenizer attributes, so that the two check
+each other.
+
 The stand-in (models whose vocabulary is not shipped) is deterministic: template markers are single tokens,
 words of up to six letters are one token and longer ones one per six letters, digits go in groups of three,
 each run of punctuation or whitespace is one token; ids are a hash of the piece. It is an approximation of a
@@ -26,7 +34,7 @@ from typing import Protocol
 import tokenizers
 
 from gateway.sim.catalog import ModelSpec
-from gateway.tokens.gguf_vocab import load_gguf_tokenizer
+from gateway.tokens.gguf_vocab import load_gguf_tokenizer, read_gguf_tokenizer_metadata
 
 VOCAB_DIR = Path(__file__).resolve().parent.parent / "data" / "vocab"
 COMMON_WORDS = 3000
@@ -40,7 +48,7 @@ _STAND_IN_TEXT = (
     "morning evening north south green quiet bright small large early later often never always because"
 )
 _STAND_IN_WORDS = tuple(_STAND_IN_TEXT.split())
-# template markers the renderers emit; each is one token in the real vocabularies
+# template markers the renderers emit; the stand-in tokenizer makes each one token, as the real vocabularies do
 _MARKERS = (
     "<|begin_of_text|>",
     "<|start_header_id|>",
@@ -61,6 +69,15 @@ _MARKERS = (
     "<s>",
 )
 _MARKER_SPLIT = re.compile("(" + "|".join(re.escape(m) for m in _MARKERS) + ")")
+_C_SPACE = " \t\n\v\f\r"  # C isspace(): what llama.cpp strips beside a token with the strip attribute
+# llama-vocab.cpp: for Phi-3 every special token right-strips, except these
+_PHI3_NO_RSTRIP = frozenset({"<unk>", "<s>", "<|endoftext|>"})
+
+
+def phi3_rstrip(model_name: str) -> bool:
+    """Whether llama.cpp gives the special tokens of a model with this ``general.name`` the right-strip attribute."""
+    lowered = model_name.lower()
+    return "phi-3" in lowered or "phi3" in lowered
 
 
 class SimTokenizer(Protocol):
@@ -80,28 +97,41 @@ class SimTokenizer(Protocol):
 class RealTokenizer:
     is_real = True
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer, *, bos_id: int, add_bos: bool) -> None:
+    def __init__(
+        self, tokenizer: tokenizers.Tokenizer, *, bos_id: int, add_bos: bool, rstrip_special: bool = False
+    ) -> None:
         self._tokenizer = tokenizer
         self._bos = [bos_id] if add_bos else []
         self._words: list[int] | None = None
-        added = {tok.content: i for i, tok in tokenizer.get_added_tokens_decoder().items()}
-        self._markers = {m: added[m] for m in _MARKERS if m in added}
-        self._split = re.compile("(" + "|".join(re.escape(m) for m in self._markers) + ")") if self._markers else None
+        # every special token of the vocabulary is parsed in a prompt (Ollama tokenizes with parse_special)
+        self._markers = {tok.content: i for i, tok in tokenizer.get_added_tokens_decoder().items() if tok.content}
+        self._rstrip = frozenset(m for m in self._markers if rstrip_special and m not in _PHI3_NO_RSTRIP)
+        longest_first = sorted(self._markers, key=len, reverse=True)
+        self._split = re.compile("(" + "|".join(re.escape(m) for m in longest_first) + ")") if self._markers else None
         self._fragment = functools.lru_cache(maxsize=8192)(self._encode_fragment)
 
     def _encode_fragment(self, text: str) -> tuple[int, ...]:
         return tuple(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def encode(self, text: str) -> list[int]:
-        """Split at the template's special tokens first, as llama.cpp and HF tokenizers both do, so the
-        fragments (whole chat turns) can be cached: truncation re-tokenizes the same turns many times."""
+        """Split at the special tokens first, as llama.cpp does, so the fragments (whole chat turns) can be cached.
+
+        A fragment after a right-stripping special token loses its leading whitespace (and is dropped when nothing
+        else is left); each fragment is tokenized on its own, as llama.cpp tokenizes the pieces between special
+        tokens (for SentencePiece vocabularies: with the space prefix a piece after a special token gets)."""
         ids = list(self._bos)
         parts = self._split.split(text) if self._split is not None else [text]
+        strip_next = False
         for part in parts:
             marker = self._markers.get(part)
             if marker is not None:
                 ids.append(marker)
-            elif part:
+                strip_next = part in self._rstrip
+                continue
+            if strip_next:
+                part = part.lstrip(_C_SPACE)
+                strip_next = False
+            if part:
                 ids.extend(self._fragment(part))
         return ids
 
@@ -165,6 +195,8 @@ def tokenizer_for(spec: ModelSpec) -> SimTokenizer:
 
 def _build(spec: ModelSpec) -> SimTokenizer:
     if spec.vocab is not None:
-        tok = load_gguf_tokenizer(VOCAB_DIR / f"ggml-vocab-{spec.vocab}.gguf")
-        return RealTokenizer(tok, bos_id=spec.bos_id, add_bos=spec.add_bos)
+        path = VOCAB_DIR / f"ggml-vocab-{spec.vocab}.gguf"
+        name = str(read_gguf_tokenizer_metadata(path).get("general.name") or "")
+        return RealTokenizer(load_gguf_tokenizer(path), bos_id=spec.bos_id, add_bos=spec.add_bos,
+                             rstrip_special=phi3_rstrip(name))
     return StandInTokenizer(vocab_size=spec.arch.n_vocab, bos_id=spec.bos_id, add_bos=spec.add_bos)

@@ -4,18 +4,23 @@ A FRESH kvgate in front of the simulated Ollama gets 50 varied chats (with and w
 turns, tool results where the family has them, unicode, lengths spread up to the context). Each chat's true prompt
 length is the simulator's own render + tokenize, checked against the prompt_eval_count it reports. Every chat whose
 true prompt plus its output fits the context must be forwarded unchanged, and the count kvgate states in
-X-Kvgate-Prompt-Tokens must equal prompt_eval_count when the counter calls it exact, from the very first reply.
+X-Kvgate-Prompt-Tokens must equal prompt_eval_count when the counter calls it exact (phi3 included: the simulator
+gives phi-3's special tokens llama.cpp's right-strip, so `<|end|>\n` is one token in both), and be within the
+counter's stated tolerance (the one kvgate's truncation check allows it) when it calls it an estimate.
 
-Known deviation, in the simulator: for phi3 it splits prompts at special tokens by hand (gateway/sim/vocab.py) and
-so ignores the rstrip llama.cpp gives phi-3's special tokens (`<|end|>\n` is one token there, three in the
-simulator). kvgate tokenizes like llama.cpp, so its phi3 count is lower than the simulator's (about two tokens per
-special token followed by a newline); for phi3 the test checks only that kvgate's count is not above it.
+kvgate runs with its DEFAULT counting settings and an empty tokenizer cache, as on a first start. Converting a
+model's tokenizer from /api/show takes 0.7-1.8 s here, longer than `count_budget_s` (0.25 s), so the first chat of
+each model is counted with the byte estimate; admission then waits up to `refusal_count_wait_s` for the real count
+before it would refuse or trim on that estimate, so a first chat the estimate puts over the context still goes
+through (and its reply states the exact count), and one that fits even by the estimate goes through with the
+estimate (its reply says "estimate"). The table says which.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -26,6 +31,7 @@ from gateway.sim.config import SimConfig
 from gateway.sim.runner import start_sim
 from gateway.sim.templates import Message, render
 from gateway.sim.vocab import tokenizer_for
+from gateway.truncation import tolerance_tokens
 from tests.support.gateway_server import running_gateway
 
 CONTEXT_TOKENS = 4096
@@ -34,6 +40,7 @@ TOOL_FAMILIES = ("llama3", "qwen2")
 _TEXT = ("the model answers quickly because the context holds every token we send; café naïve 東京 😀 numbers "
          "3.14159 and 2048, code `print(1)`, <b>tags</b> & symbols")
 WORDS = tuple(_TEXT.split(" "))
+ESTIMATE_MARGIN = 0.10  # counting.estimate_safety_margin, default
 
 
 def true_prompt_tokens(model: str, messages: list[dict[str, Any]]) -> int:
@@ -65,6 +72,20 @@ def make_chat(rng: random.Random, model: str, target_tokens: int, output_tokens:
     return chat
 
 
+def test_simulated_phi3_strips_whitespace_after_special_tokens_like_llama_cpp() -> None:
+    """llama.cpp gives phi-3's special tokens (but <s>, <unk>, <|endoftext|>) the right-strip attribute: the
+    whitespace after them is swallowed, and the text after a special token gets SentencePiece's space prefix."""
+    spec = lookup(select(MODELS), "phi3:mini")
+    assert spec is not None
+    rendered = render(spec.template, [Message("user", "hello there"), Message("assistant", "  hi\n"),
+                                      Message("user", "Be brief.")])
+    assert rendered == ("<|user|>\nhello there<|end|>\n<|assistant|>\n  hi\n<|end|>\n"
+                        "<|user|>\nBe brief.<|end|>\n<|assistant|>\n")
+    # <s> <|user|> ▁hello ▁there <|end|> <|assistant|> ▁hi <0x0A> <|end|> <|user|> ▁Be ▁brief . <|end|> <|assistant|>
+    assert tokenizer_for(spec).encode(rendered) == [
+        1, 32010, 22172, 727, 32007, 32001, 7251, 13, 32007, 32010, 1522, 11473, 29889, 32007, 32001]
+
+
 @pytest.fixture
 async def sim() -> AsyncIterator[str]:
     config = SimConfig(models=MODELS, num_parallel=1, load_s=0.05, time_scale=50.0, context_length=CONTEXT_TOKENS,
@@ -77,13 +98,12 @@ async def sim() -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-async def test_fresh_kvgate_counts_the_first_chat_exactly_and_refuses_nothing_that_fits(sim: str) -> None:
+async def test_fresh_kvgate_counts_within_tolerance_and_refuses_nothing_that_fits(sim: str, tmp_path: Path) -> None:
     rng = random.Random(9)
     backend = {"name": "sim", "kind": "ollama", "url": sim, "context_tokens": CONTEXT_TOKENS, "parallel": 1}
     rows: list[tuple[str, int, int, int, int, str, str]] = []
-    # the first count may wait for the tokenizer (fetched and converted from /api/show) instead of estimating
-    counting = {"count_budget_s": 60.0}
-    async with running_gateway([backend], counting=counting) as url, aiohttp.ClientSession() as http:
+    fresh = {"cache_dir": str(tmp_path)}  # default counting settings, and an empty tokenizer cache: a first start
+    async with running_gateway([backend], counting=fresh) as url, aiohttp.ClientSession() as http:
         for i in range(50):
             model = MODELS[i % len(MODELS)]
             output_tokens = rng.choice((16, 64, 256))
@@ -100,35 +120,32 @@ async def test_fresh_kvgate_counts_the_first_chat_exactly_and_refuses_nothing_th
                 f"{response.status} {str(payload.get('error', headers.get('X-Kvgate-Trimmed')))[:60]}")
             evaluated = int(payload.get("prompt_eval_count", -1))
             rows.append((model, len(chat), truth, output_tokens, counted, counter, outcome))
-            assert outcome == "ok", (model, truth, output_tokens, counted, outcome)  # it fits: no false refusal
-            assert evaluated == truth  # the simulator evaluated exactly the chat, untruncated
-            if counter.endswith("exact"):
-                if model.startswith("phi3"):
-                    assert evaluated - 3 * _phi3_markers(model, chat) <= counted <= evaluated, (model, chat)
-                else:
-                    assert counted == evaluated, (model, chat)
+            assert evaluated == truth, (model, chat)  # the simulator evaluated exactly the chat, untruncated
     _print_table(rows)
-    firsts = {model: next(r for r in rows if r[0] == model) for model in MODELS}
-    for model, row in firsts.items():
-        assert row[5].endswith("exact"), (model, row)
-        assert row[4] == row[2] or model.startswith("phi3"), (model, row)
-
-
-def _phi3_markers(model: str, chat: list[dict[str, Any]]) -> int:
-    """Special tokens followed by a newline in the phi3 prompt (see the module docstring)."""
-    if not model.startswith("phi3"):
-        return 0
-    spec = lookup(select(MODELS), model)
-    assert spec is not None
-    rendered = render(spec.template, [Message(m["role"], m["content"]) for m in chat])
-    markers = ("<|system|>\n", "<|user|>\n", "<|assistant|>\n", "<|end|>\n")
-    return sum(rendered.count(m) for m in markers)
+    for model, n, truth, out, counted, counter, outcome in rows:
+        row = (model, n, truth, out, counted, counter, outcome)
+        assert outcome == "ok", row  # it fits: no false refusal, no trimming
+        assert counter.endswith(("; exact", "; estimate")), row
+        if counter.endswith("; exact"):
+            assert counted == truth, row
+        else:  # the counter's stated tolerance: what kvgate's truncation check allows this count
+            tolerance = tolerance_tokens(counted, exact=False, byte_estimate=counter.startswith("estimate;"),
+                                         estimate_margin=ESTIMATE_MARGIN)
+            assert counted - tolerance <= truth, (row, tolerance)
+    for model in MODELS:  # the estimate only bridges the tokenizer's load
+        last = [r for r in rows if r[0] == model][-1]
+        assert last[5].endswith("; exact"), last
 
 
 def _print_table(rows: list[tuple[str, int, int, int, int, str, str]]) -> None:
     print(f"\n{'model':14s} {'msgs':>4s} {'true':>6s} {'out':>4s} {'kvgate':>6s} {'diff':>5s}  {'counter':14s} outcome")
     for model, n, truth, out, counted, counter, outcome in rows:
         print(f"{model:14s} {n:4d} {truth:6d} {out:4d} {counted:6d} {counted - truth:5d}  {counter:14s} {outcome}")
-    exact = sum(1 for r in rows if r[5].endswith("exact") and r[4] == r[2])  # phi3: see the module docstring
-    print(f"{exact}/{len(rows)} counted exactly; largest true prompt + output: "
+    for model in MODELS:
+        mine = [r for r in rows if r[0] == model]
+        exact = sum(1 for r in mine if r[5].endswith("; exact") and r[4] == r[2])
+        estimated = sum(1 for r in mine if r[5].endswith("; estimate"))
+        print(f"{model:14s} {exact}/{len(mine)} counted exactly, {estimated} estimated; first reply: {mine[0][5]}")
+    refused = sum(1 for r in rows if r[6] != "ok")
+    print(f"{refused} of {len(rows)} refused or trimmed; largest true prompt + output: "
           f"{max(r[2] + r[3] for r in rows)} of {CONTEXT_TOKENS}")

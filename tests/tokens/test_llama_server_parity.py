@@ -115,3 +115,38 @@ async def test_counts_run_concurrently(server: RunningLlamaServer, model_path: P
         mine = await asyncio.gather(*(ours.count_chat(b["messages"], b.get("tools", ())) for b in corpus))
         theirs = await asyncio.gather(*(exact_server.count_chat(b["messages"], b.get("tools", ())) for b in corpus))
     assert [m.tokens for m in mine] == [t.tokens for t in theirs]
+
+
+WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Weather for a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+RESPONSES_BODIES: list[dict[str, Any]] = [
+    {"input": "What is the capital of France?"},
+    {"input": "Be brief.", "instructions": "You are a terse assistant."},
+    {"input": [{"type": "message", "role": "user", "content": "Hi there"},
+               {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello!"}]},
+               {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a joke"}]}]},
+    {"input": [{"type": "message", "role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER_TOOL]},
+    {"instructions": "Use tools.", "tools": [WEATHER_TOOL], "input": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "-3 C, snow"},
+    ]},
+]
+
+
+async def test_responses_bodies_count_like_the_server(server: RunningLlamaServer, model_path: Path) -> None:
+    """/v1/responses: kvgate's reading of input, instructions and tools gives the server's own count
+    (POST /v1/responses/input_tokens), through the server's counter and through the GGUF path alike."""
+    async with aiohttp.ClientSession() as session:
+        family = await probe_chat_template(session, server.url)
+        ours = _gguf_counter(model_path, family)
+        exact_server = LlamaServerCounter(session, server.url)
+        rows = []
+        for body in RESPONSES_BODIES:
+            prompt = dialects.parse(Dialect.OPENAI, Operation.RESPONSES, body, "/v1/responses").prompt_input
+            theirs = (await _json(session, "POST", f"{server.url}/v1/responses/input_tokens", body))["input_tokens"]
+            via_server = await count_prompt(prompt, exact_server)
+            via_gguf = await count_prompt(prompt, ours)
+            rows.append((theirs, via_server.tokens, via_gguf.tokens, via_gguf.exact))
+    print("\n/v1/responses (server, kvgate via server, kvgate via GGUF, exact):", rows)
+    assert all(theirs == server_count == gguf for theirs, server_count, gguf, _ in rows), rows
