@@ -112,11 +112,14 @@ class Gate:
         is_disconnected: Callable[[], bool],
         recount: Recount,
     ) -> Admission:
-        """Reserve the request's sequences in ``pool`` (waiting if it must) and rewrite its body as planned."""
+        """Reserve the request's sequences in ``pool`` (waiting if it must) and rewrite its body as planned.
+
+        Nothing is refused on an estimate: a prompt that looks too long (for the tenant's cap or the context) is
+        counted for real first (``recount`` waits for a tokenizer still loading)."""
         headers: dict[str, str] = {}
         cap = tenant.max_prompt_tokens
         if cap is not None and count.tokens > cap and not count.exact:
-            count = await recount(parsed)  # never refuse on an estimate: wait for the real count first
+            count = await recount(parsed)
             headers.update(count_headers(count))
         _check_prompt_cap(tenant, count)
         limit, capped = _output_cap(parsed, tenant)
@@ -134,30 +137,15 @@ class Gate:
         policy = self._policy
         if tenant.max_active is not None:
             policy = replace(policy, per_tenant_max_active=tenant.max_active)
-        trimmed_body = False
-        permit = await self._acquire(pool, cost, policy, is_disconnected)
-        if isinstance(permit, AdmissionRejected) and not cost.prompt_exact:
-            # refused on an estimate: wait for the real count (the model's tokenizer may still be loading)
-            counted = await recount(parsed)
-            if counted.exact:
-                cost = replace(cost, prompt_tokens=counted.tokens, prompt_exact=True)
-                headers.update(count_headers(counted))
-                permit = await self._acquire(pool, cost, policy, is_disconnected)
-        if isinstance(permit, AdmissionRejected):
-            trimmed = await self._trim(permit, parsed, pool, cost, recount)
-            if trimmed is None:
-                raise permit
-            parsed, cost, note = trimmed
-            trimmed_body = True
-            headers.update({"X-Kvgate-Trimmed": note, "X-Kvgate-Prompt-Tokens": str(cost.prompt_tokens)})
-            permit = await self.room.acquire(pool.key, pool, cost, policy, is_disconnected=is_disconnected)
+        fitted, cost, permit = await self._acquire_fitting(parsed, pool, cost, policy, is_disconnected, recount,
+                                                           headers)
         rewrites = permit.admit.rewrites
         if capped and rewrites.max_output_tokens is None:
             rewrites = replace(rewrites, max_output_tokens=cost.max_output_tokens)
         try:
-            body, changes = apply_rewrites(parsed, rewrites)
-            if body is None and trimmed_body:
-                body = parsed.body
+            body, changes = apply_rewrites(fitted, rewrites)
+            if body is None and fitted is not parsed:
+                body = fitted.body  # trimmed, nothing else to change
             forwarded = raw if body is None else encode_body(body)
         except BaseException:
             permit.release()
@@ -167,6 +155,28 @@ class Gate:
         if changes:
             headers["X-Kvgate-Rewrite"] = "; ".join(changes)
         return Admission(forwarded, headers, permit)
+
+    async def _acquire_fitting(
+        self, parsed: ParsedRequest, pool: PoolSpec, cost: RequestCost, policy: Policy,
+        is_disconnected: Callable[[], bool], recount: Recount, headers: dict[str, str],
+    ) -> tuple[ParsedRequest, RequestCost, Permit]:
+        """A permit for the request as it is, or once really counted, or trimmed to fit; the request and cost it
+        was granted for. A prompt too long for the context is refused only after all three."""
+        permit = await self._acquire(pool, cost, policy, is_disconnected)
+        if isinstance(permit, AdmissionRejected) and not cost.prompt_exact:
+            counted = await recount(parsed)
+            if counted.exact:
+                cost = replace(cost, prompt_tokens=counted.tokens, prompt_exact=True)
+                headers.update(count_headers(counted))
+                permit = await self._acquire(pool, cost, policy, is_disconnected)
+        if not isinstance(permit, AdmissionRejected):
+            return parsed, cost, permit
+        trimmed = await self._trim(permit, parsed, pool, cost, recount)
+        if trimmed is None:
+            raise permit
+        parsed, cost, note = trimmed
+        headers.update({"X-Kvgate-Trimmed": note, "X-Kvgate-Prompt-Tokens": str(cost.prompt_tokens)})
+        return parsed, cost, await self.room.acquire(pool.key, pool, cost, policy, is_disconnected=is_disconnected)
 
     async def _acquire(
         self, pool: PoolSpec, cost: RequestCost, policy: Policy, is_disconnected: Callable[[], bool]

@@ -6,7 +6,15 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway.sim import llama_info, llama_routes, ollama_models, ollama_routes, openai_routes
+from gateway.sim import (
+    anthropic_routes,
+    llama_info,
+    llama_routes,
+    ollama_models,
+    ollama_routes,
+    openai_routes,
+    responses_routes,
+)
 from gateway.sim.admin_routes import add_admin_routes
 from gateway.sim.catalog import select
 from gateway.sim.clock import Clock, ScaledClock
@@ -76,6 +84,8 @@ def _ollama_routes(app: web.Application) -> None:
     r.add_post("/api/embed", ollama_routes.embed)
     r.add_post("/v1/chat/completions", openai_routes.chat_completions)
     r.add_post("/v1/completions", openai_routes.completions)
+    r.add_post("/v1/responses", responses_routes.responses)
+    r.add_post("/v1/messages", anthropic_routes.messages)
     r.add_get("/v1/models", openai_routes.list_models)
     r.add_get("/v1/models/{model:.+}", openai_routes.retrieve_model)
 

@@ -188,7 +188,10 @@ class _Records(logging.Handler):
 
 async def test_openai_backends_without_a_layout_say_they_are_not_admitted() -> None:
     records = _Records()
-    logging.getLogger("gateway.app").addHandler(records)
+    logger = logging.getLogger("gateway.app")
+    saved = (logger.disabled, logger.level)
+    logger.disabled, logger.level = False, logging.WARNING  # whatever logging set-up an earlier test made
+    logger.addHandler(records)
     async with running(FakeLLM()) as fake, \
             running_gateway([{"name": "vllm", "kind": "openai", "url": fake.url}]) as url, \
             aiohttp.ClientSession() as http:
@@ -198,7 +201,8 @@ async def test_openai_backends_without_a_layout_say_they_are_not_admitted() -> N
             backends = (await response.json())["backends"]
     assert status == 200 and "X-Kvgate-Reserved-Tokens" not in headers
     assert "forwarded without admission" in backends[0]["notes"][0]
-    logging.getLogger("gateway.app").removeHandler(records)
+    logger.removeHandler(records)
+    logger.disabled, logger.level = saved
     assert any("forwarded without admission" in message for message in records.messages)  # said at start-up too
 
 

@@ -13,11 +13,13 @@ Backends and bursts:
   so it is skipped); 4 chats of ~130 tokens, answers that never stop early (``ignore_eos``, long drawn answers).
   ``/v1/messages`` with ``max_tokens`` 16 beside ``n_predict`` does not overrun even directly: llama-server's
   Anthropic converter drops ``n_predict`` (llama_requests.py), so those two cells are 0/0 by design;
-- the simulated Ollama, ``OLLAMA_CONTEXT_LENGTH=2048``, ``OLLAMA_NUM_PARALLEL=2``: the whole cross product of the
-  routes it simulates (``/api/chat``, ``/api/generate``, ``/v1/chat/completions``, ``/v1/completions``; real Ollama
-  also has ``/v1/responses`` and ``/v1/messages``, which the simulator lacks). Ollama gives each sequence its own
-  slot, so its failure is the silently truncated prompt: 2 of the 4 prompts are longer than its context. A
-  made-up name is Ollama's clear 404; no model is its 400;
+- the simulated Ollama, ``OLLAMA_CONTEXT_LENGTH=2048``, ``OLLAMA_NUM_PARALLEL=2``: the whole cross product of its
+  KV-allocating routes (``/api/chat``, ``/api/generate``, ``/v1/chat/completions``, ``/v1/completions``,
+  ``/v1/responses``, ``/v1/messages``). Ollama gives each sequence its own slot, so its failure is the silently
+  truncated prompt: 2 of the 4 prompts are longer than its context. A made-up name is Ollama's clear 404; no model
+  is its 400. ``/v1/messages`` without ``max_tokens`` or with -1 is Ollama's 400 "max_tokens is required and must
+  be positive" before anything runs, so those four served cells are 0 directly; through kvgate they complete,
+  since kvgate writes the limit it reserved into ``max_tokens`` (planner rule 3);
 - a real llama-server with a tiny model (deepseek-coder's vocabulary, which has FIM tokens, so ``/infill`` works),
   kvgate given no GGUF path, as for a remote server: ``-c 1024`` with ``-np`` omitted (unified) and ``-c 1024 -np 4``
   (four 256-cell slots; one prompt of the burst is longer than a slot). A covering subset: one cell per route, the

@@ -25,7 +25,14 @@ from typing import Any
 import aiohttp
 import orjson
 
-OLLAMA_ROUTES = ("/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions")
+OLLAMA_ROUTES = (
+    "/api/chat",
+    "/api/generate",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+)
 LLAMA_ROUTES = (
     "/v1/chat/completions",
     "/chat/completions",
@@ -269,7 +276,7 @@ def _json(text: str | bytes) -> Any:
 
 
 def _completed_body(route: str, payload: Any) -> bool:
-    if not isinstance(payload, dict) or "error" in payload:
+    if not isinstance(payload, dict) or payload.get("error") is not None:  # a Responses object has "error": null
         return False
     if route.startswith("/api/"):
         return payload.get("done") is True
@@ -293,7 +300,7 @@ def _classify_stream(route: str, raw: bytes) -> tuple[str, str]:
     events = _events(raw)
     for name, data in events:
         payload = _json(data) if data != "[DONE]" else None
-        if name == "error" or (isinstance(payload, dict) and "error" in payload):
+        if name == "error" or (isinstance(payload, dict) and payload.get("error") is not None):
             return "failed", "stream error event: " + data[:80]
     names = {name for name, _ in events}
     last = events[-1][1] if events else ""
