@@ -189,7 +189,16 @@ class Proxy:
         overhead from it (the estimator ignores samples below the content's own tokens: those prompts were cut)."""
         if seen is None:
             return
-        found = truncation.check_reply(sent, seen, estimate_margin=self._settings.counting.estimate_safety_margin)
+        margin = self._settings.counting.estimate_safety_margin
+        found = truncation.check_reply(sent, seen, estimate_margin=margin)
+        if found is not None and found.counter == ESTIMATE_COUNTER:
+            # a byte estimate can run high by more than any tolerance: count the prompt for real before calling the
+            # backend's figure a truncation (the client is served; the tokenizer has had time to load)
+            recounted = await self._counting.count(parsed, backend, model,
+                                                   budget_s=self._settings.counting.refusal_count_wait_s)
+            if recounted.counter != ESTIMATE_COUNTER and "X-Kvgate-Trimmed" not in sent:
+                found = truncation.detect(recounted.tokens, seen, exact=recounted.exact, estimate_margin=margin,
+                                          counter=recounted.counter)
         if found is not None:
             self._report_truncation(parsed, backend, model, found)
         if count.counter != ESTIMATE_COUNTER and not count.exact and backend.kind is BackendKind.OLLAMA:
@@ -215,7 +224,9 @@ class Proxy:
             return {}
         found = truncation.check_reply(sent, observer.prompt_tokens(),
                                        estimate_margin=self._settings.counting.estimate_safety_margin)
-        return {truncation.TRUNCATED_HEADER: found.describe()} if found is not None else {}
+        if found is None or found.counter == ESTIMATE_COUNTER:  # an estimate is checked by a recount, later
+            return {}
+        return {truncation.TRUNCATED_HEADER: found.describe()}
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = int(self._settings.server.max_body_bytes)
@@ -265,12 +276,22 @@ class Proxy:
         timeouts = backend.settings.timeouts
         client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s)
         label = backend.describe()
+        url = backend.url_for(path_qs)
         try:
             async with asyncio.timeout(timeouts.first_byte_s):
-                return await self._session.request(
-                    method, backend.url_for(path_qs), headers=headers, data=body, timeout=client_timeout,
-                    allow_redirects=False, skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
-                )
+                for attempt in (1, 2):
+                    try:
+                        return await self._session.request(
+                            method, url, headers=headers, data=body, timeout=client_timeout, allow_redirects=False,
+                            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
+                        )
+                    except aiohttp.ServerDisconnectedError:
+                        # A pooled connection the server closed while idle (its keep-alive ran out as this request
+                        # went out): nothing was answered, so a body kvgate holds whole is sent once more.
+                        if attempt == 2 or not isinstance(body, bytes | None):
+                            raise
+                        log.info("%s closed a kept-alive connection before answering; sending again", label)
+                raise AssertionError("unreachable")
         except TimeoutError:
             raise BackendTimeout(
                 f"{label} sent no response within {timeouts.first_byte_s:g} s (timeouts.first_byte_s)"

@@ -268,3 +268,29 @@ async def test_a_configured_context_that_disagrees_with_the_loaded_one_is_report
         await runner.cleanup()
     assert any("is loaded with 32768" in note for note in notes)  # before any request
     assert stats["loads"] == 1  # the loaded context was followed, not fought
+
+
+async def test_n_completions_hold_n_sequences(llama_sim: str) -> None:
+    async with running_gateway([{"name": "cpp", "kind": "llama-server", "url": llama_sim}]) as url, \
+            aiohttp.ClientSession() as http:
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
+        status, _, one = await _post(http, f"{url}/v1/chat/completions", chat)
+        status_two, _, two = await _post(http, f"{url}/v1/chat/completions", {**chat, "n": 2})
+        status_many, payload, _ = await _post(http, f"{url}/v1/chat/completions", {**chat, "n": 8})
+    assert (status, status_two) == (200, 200)
+    assert int(two["X-Kvgate-Reserved-Tokens"]) == 2 * int(one["X-Kvgate-Reserved-Tokens"])
+    assert status_many == 400 and payload["error"]["code"] == "too_many_sequences"
+    assert "8 completions (n)" in payload["error"]["message"] and "at most 4 sequences" in payload["error"]["message"]
+
+
+async def test_a_tenants_output_cap_holds_whatever_field_carries_the_limit(llama_sim: str) -> None:
+    tenants = {"ci": {"api_keys": ["ci-key"], "max_output_tokens": 128}}
+    async with running_gateway([{"name": "cpp", "kind": "llama-server", "url": llama_sim}], tenants=tenants) as url, \
+            aiohttp.ClientSession() as http:
+        for body in ({"prompt": "hi", "max_tokens": 16, "n_predict": 3000}, {"prompt": "hi", "n_predict": -1},
+                     {"prompt": "hi"}, {"prompt": "hi", "max_completion_tokens": 5000}):
+            status, payload, headers = await _post(http, f"{url}/completion", body, {"X-Api-Key": "ci-key"})
+            assert status == 200, payload
+            assert payload["tokens_predicted"] <= 128, (body, payload["tokens_predicted"])
+            assert int(headers["X-Kvgate-Reserved-Tokens"]) <= int(headers["X-Kvgate-Prompt-Tokens"]) + 128
+            assert "=128 (was " in headers["X-Kvgate-Rewrite"]  # the field the backend obeys now says 128

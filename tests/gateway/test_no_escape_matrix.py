@@ -43,6 +43,7 @@ from tests.support.gateway_server import running_gateway
 from tests.support.llama_server import RunningLlamaServer, run_llama_server
 from tests.support.no_escape import (
     LLAMA_ROUTES,
+    MATRICES,
     MODELS,
     OLLAMA_ROUTES,
     Cell,
@@ -159,14 +160,15 @@ async def _run_matrix(
 
 
 def _report(target: Target, results: Results, skipped: list[str], started: float) -> None:
-    print()
-    print(render_matrix(target.title, results))
+    lines = [render_matrix(target.title, results)]
     if skipped:
-        print(f"skipped (the backend answers 501, not served): {', '.join(skipped)}")
+        lines.append(f"skipped (the backend answers 501, not served): {', '.join(skipped)}")
     reasons = failure_reasons(results)
     if reasons:
-        print("through kvgate, failing cells (first reason):\n" + reasons)
-    print(f"wall time: {time.monotonic() - started:.1f} s")
+        lines.append("through kvgate, failing cells (first reason):\n" + reasons)
+    lines.append(f"wall time: {time.monotonic() - started:.1f} s")
+    print("\n" + "\n".join(lines))
+    MATRICES.append("\n".join(lines))  # printed again at the end of every run (tests/gateway/conftest.py)
 
 
 def _assert(results: Results, *, must_overrun: list[Cell], share: float = 0.75) -> None:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
 from tests.support.fake_llm import FakeLLM, running
 from tests.support.gateway_server import running_gateway
@@ -200,3 +201,38 @@ async def test_head_and_root_pass_through(fake: FakeLLM, gateway: str, http: aio
         assert response.status == 200
     async with http.get(f"{gateway}/api/version") as response:
         assert (await response.json())["version"] == "0.33.0"
+
+
+@pytest.mark.parametrize(("closes", "status"), [(1, 200), (2, 502)])
+async def test_a_connection_closed_before_answering_is_retried_once(
+    closes: int, status: int, http: aiohttp.ClientSession
+) -> None:
+    """A backend that drops a (kept-alive) connection without answering: kvgate sends the request once more; a
+    second drop is a 502 naming the backend, never a third try."""
+    seen: list[bytes] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        seen.append(await request.read())
+        if len(seen) <= closes:
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response()
+        return web.json_response({"model": "m", "done": True, "message": {"role": "assistant", "content": "ok"},
+                                  "prompt_eval_count": 3, "eval_count": 1})
+
+    upstream = web.Application()
+    upstream.router.add_post("/api/chat", chat)
+    runner = web.AppRunner(upstream)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    backend_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with running_gateway([{"name": "flaky", "url": backend_url}], admission={"enabled": False}) as url:
+            body = {"model": "m", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
+            async with http.post(f"{url}/api/chat", json=body) as response:
+                assert response.status == status
+                if status == 502:
+                    assert "backend 'flaky'" in (await response.json())["error"]
+    finally:
+        await runner.cleanup()
+    assert len(seen) == 2 and seen[0] == seen[1]

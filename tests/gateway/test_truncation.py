@@ -4,8 +4,10 @@ counted in ``kvgate_truncations_total``, shown on ``/kvgate/status`` and, for a 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -13,6 +15,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+import gateway
 from gateway.observability.truncations import OTHER_MODEL, TruncationLog, model_label
 from gateway.sim.config import SimConfig
 from gateway.sim.runner import start_sim
@@ -26,6 +29,7 @@ from gateway.truncation import (
 )
 from tests.support.gateway_server import running_gateway
 
+VOCAB = Path(gateway.__file__).parent / "data" / "vocab"
 MODEL = "llama3.1:8b"
 METRIC = "kvgate_truncations_total"
 
@@ -130,6 +134,18 @@ def _requests() -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
+async def _warm(http: aiohttp.ClientSession, url: str, path: str, body: dict[str, Any]) -> None:
+    """Send a short request until kvgate counts with the model's tokenizer (it loads in the background while the
+    first requests get the byte estimate, whose apparent truncations are checked by a recount, not named)."""
+    for _ in range(100):
+        async with http.post(url + path, json=body) as response:
+            await response.read()
+            if not response.headers.get("X-Kvgate-Counter", "estimate").startswith("estimate"):
+                return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the tokenizer never loaded")
+
+
 async def _metric(http: aiohttp.ClientSession, url: str) -> float:
     async with http.get(f"{url}/kvgate/metrics") as response:
         text = await response.text()
@@ -144,6 +160,8 @@ async def test_admission_off_truncation_is_logged_counted_shown_and_named(
     caplog.set_level(logging.WARNING, logger="gateway.proxy")
     replies = []
     async with running_gateway([backend], admission={"enabled": False}) as url, aiohttp.ClientSession() as http:
+        await _warm(http, url, "/api/chat", {"model": MODEL, "stream": False, "options": {"num_predict": 1},
+                                             "messages": [{"role": "user", "content": "hi"}]})
         for index, (path, body) in enumerate(_requests()):
             headers = {"X-Request-ID": f"trunc-{index}"}
             async with http.post(url + path, json=body, headers=headers) as response:
@@ -226,8 +244,11 @@ async def test_held_replies_get_the_header_and_larger_ones_stream_on(padding_byt
     port = runner.addresses[0][1]
     chat = {"model": "fake-model", "messages": [{"role": "user", "content": _long_prompt()}]}
     backend = {"name": "fake", "kind": "openai", "url": f"http://127.0.0.1:{port}"}
+    # counted with a real tokenizer: a header is a claim to the client, never made on a byte estimate alone
+    models = {"fake-model": {"gguf_path": str(VOCAB / "ggml-vocab-llama-bpe.gguf")}}
     try:
-        async with running_gateway([backend]) as url, aiohttp.ClientSession() as http:
+        async with running_gateway([backend], models=models, counting={"count_budget_s": 30.0}) as url, \
+                aiohttp.ClientSession() as http:
             async with http.post(f"{url}/v1/chat/completions", json=chat) as response:
                 payload = orjson.loads(await response.read())
                 headers = response.headers

@@ -25,6 +25,9 @@ from typing import Any
 import aiohttp
 import orjson
 
+MATRICES: list[str] = []
+"""Every matrix a test rendered in this run, for the summary at the end of the run."""
+
 OLLAMA_ROUTES = (
     "/api/chat",
     "/api/generate",
