@@ -1,4 +1,6 @@
-# kvgate: the gateway image. Build: docker build -t kvgate .   Run: docker run -p 11435:11435 kvgate
+# kvgate: the gateway image. Build: docker build -t kvgate .
+# Run: docker run -p 127.0.0.1:11435:11435 -e KVGATE_SERVER__ADMIN_KEY=<long random key> kvgate
+# (publish beyond 127.0.0.1 only with tenant API keys configured; README: Security)
 FROM python:3.12-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -16,8 +18,10 @@ RUN pip install . \
 COPY config /etc/kvgate
 
 USER kvgate
-# In a container kvgate must listen on all interfaces; the port is published by the runtime.
+# In a container kvgate must listen on all interfaces; the port is published by the runtime (kvgate warns at start-up
+# while it has no keys). Model management (pull, delete, ...) needs the admin key.
 ENV KVGATE_SERVER__HOST=0.0.0.0 \
+    KVGATE_SERVER__ADMIN_ONLY_MANAGEMENT=true \
     KVGATE_SERVER__PORT=11435 \
     KVGATE_COUNTING__CACHE_DIR=/var/cache/kvgate/tokenizers
 # Tokenizers converted from each model's GGUF vocabulary are kept here (one per model digest).

@@ -15,12 +15,12 @@ import aiohttp
 from aiohttp import web
 from pydantic import SecretStr
 
-from gateway import dialects, kvgate_api
+from gateway import dialects, kvgate_api, targets
 from gateway.admission import Ledger, WaitingRoom
 from gateway.backends import BackendRegistry
-from gateway.config import Settings
+from gateway.config import ServerSettings, Settings
 from gateway.counting import Counting
-from gateway.domain import Dialect
+from gateway.domain import Dialect, Operation
 from gateway.errors import GatewayError
 from gateway.gate import Gate
 from gateway.knowledge import Knowledge
@@ -29,6 +29,7 @@ from gateway.observability.metrics import CONTENT_TYPE, Metrics
 from gateway.pools import PoolDirectory, unadmitted_reason
 from gateway.proxy import Proxy
 from gateway.routes import FALLBACK, ROUTES, Route
+from gateway.serving import CONNECTIONS, ClientLimits, ConnectionCollector, Connections, GuardedRunner
 from gateway.tenants import TenantDirectory
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -73,12 +74,16 @@ def create_app(
 ) -> web.Application:
     """Build the gateway. Every seam a test needs is a parameter."""
     app = web.Application(client_max_size=int(settings.server.max_body_bytes) + 1)
+    app.middlewares.append(targets.reject_odd_targets)  # absolute-form and other odd targets: 400, never forwarded
     app[SETTINGS] = settings
     metrics = Metrics()
     app[METRICS] = metrics
     tenants = TenantDirectory(settings)
     app[TENANTS] = tenants
     app[STARTED] = clock()
+    warn_if_exposed(settings)
+    app[CONNECTIONS] = Connections(ClientLimits.from_settings(settings.server))  # gateway.serving
+    metrics.registry.register(ConnectionCollector(app[CONNECTIONS]))
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         session = session_factory()
@@ -118,8 +123,11 @@ def create_app(
     app.router.add_get("/kvgate/metrics", _metrics)
     app.router.add_get("/kvgate/status", _status)
     for route in ROUTES:
+        proxied: ProxiedHandler = functools.partial(_proxied, route=route)
+        if route.operation is Operation.MANAGE and settings.server.admin_only_management:
+            proxied = _admin_only(proxied, route)
         for method in route.methods:
-            app.router.add_route(method, route.path, functools.partial(_proxied, route=route))
+            app.router.add_route(method, route.path, proxied)
     app.router.add_route("*", FALLBACK.path, functools.partial(_proxied, route=FALLBACK))
     return app
 
@@ -149,7 +157,7 @@ def admin_allowed(request: web.Request, admin_key: SecretStr | None) -> bool:
             return ipaddress.ip_address(remote).is_loopback
         except ValueError:
             return False
-    given = request.headers.get("Authorization", "").removeprefix("Bearer ").encode()
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").encode("utf-8", "surrogateescape")
     return hmac.compare_digest(given, admin_key.get_secret_value().encode())
 
 
@@ -187,13 +195,82 @@ async def _status(request: web.Request) -> web.Response:
     return web.json_response(status)
 
 
+ProxiedHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class AdminOnly(GatewayError):
+    """A model-management route (``server.admin_only_management``) asked for without the admin key."""
+
+    status = 403
+    code = "admin_only"
+
+
+def _admin_only(handler: ProxiedHandler, route: Route) -> ProxiedHandler:
+    """Model management (pull, push, create, copy, delete, blobs) only for the admin key, or for loopback clients
+    when none is set; the admin key itself is not sent on to the backend."""
+
+    async def checked(request: web.Request) -> web.StreamResponse:
+        admin_key = request.app[SETTINGS].server.admin_key
+        if not admin_allowed(request, admin_key):
+            what = f"{request.method} {route.path.split('{')[0].rstrip('/')} manages models"
+            error = AdminOnly(
+                f"{what} and needs kvgate's admin key (server.admin_key) as 'Authorization: Bearer <key>'"
+                if admin_key is not None else
+                f"{what}; with no server.admin_key set, only clients on kvgate's own machine may")
+            log.warning("refused %s %s from %s: model management needs the admin key", request.method, route.path,
+                        request.remote)
+            return web.Response(status=error.status, body=dialects.error_body(route.dialect, error),
+                                content_type="application/json")
+        if admin_key is not None:
+            headers = request.headers.copy()
+            headers.popall("Authorization", None)
+            request = request.clone(headers=headers)
+        return await handler(request)
+
+    return checked
+
+
+def warn_if_exposed(settings: Settings) -> None:
+    """A loud start-up warning when kvgate listens beyond this machine with nothing to tell clients apart."""
+    server = settings.server
+    if is_loopback_host(server.host):
+        return
+    has_keys = any(tenant.api_keys for tenant in settings.tenants.values())
+    if not has_keys and server.admin_key is None:
+        log.warning(
+            "SECURITY: kvgate listens on %s, beyond this machine, with no tenant API keys and no server.admin_key: "
+            "anyone who can connect may run every model through it%s. Set [tenants.NAME] api_keys with "
+            "server.require_api_key = true and a server.admin_key, or listen on 127.0.0.1 (README: Security)",
+            server.host or "all interfaces",
+            "" if server.admin_only_management else ", and pull, push, create, copy and delete models",
+        )
+    elif not server.admin_only_management:
+        log.warning("SECURITY: kvgate listens on %s with server.admin_only_management = false: every client may "
+                    "pull, push, create, copy and delete models", server.host or "all interfaces")
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``server.host`` keeps kvgate on this machine: a loopback address or ``localhost``."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 async def _proxied(request: web.Request, *, route: Route) -> web.StreamResponse:
     return await request.app[PROXY].handle(request, route)
 
 
 async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve ``app``; a client that disconnects cancels its handler, which closes the upstream request."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    """Serve ``app``; a client that disconnects cancels its handler, which closes the upstream request. Client
+    connections get the header and body deadlines and the cap of ``gateway.serving`` (an app not built by
+    ``create_app``, like a test's fake backend, gets the default settings)."""
+    connections = app.get(CONNECTIONS) or Connections(ClientLimits.from_settings(ServerSettings()))
+    # auto_decompress=False: request bodies arrive as sent; kvgate decodes those it reads (gateway.body_encoding,
+    # bounded) and passes the others through with their Content-Encoding
+    runner = GuardedRunner(app, connections, handler_cancellation=True, access_log=None, auto_decompress=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -5,20 +5,94 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
+import os
 import signal
+import socket
 import sys
+import tempfile
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 from gateway import __version__, demo_cli
-from gateway.config import ConfigError, Settings, load_settings, parse_backend_flag
+from gateway.config import ConfigError, Settings, load_settings, parse_backend_flag, unknown_environment
 from gateway.memory import estimate_cli
 from gateway.observability.logs import configure_logging
 from gateway.sim.runner import add_sim_arguments, run_sim_forever, sim_config_from_args
 
 log = logging.getLogger("gateway")
+
+EXIT_CONFIG = 2
+"""An invalid setting (named on stderr)."""
+EXIT_ADDRESS_IN_USE = 3
+"""``server.port`` is taken on ``server.host``."""
+EXIT_HOST_UNRESOLVABLE = 4
+"""``server.host`` is a name that does not resolve."""
+EXIT_CANNOT_LISTEN = 5
+"""Any other reason the address can't be listened on: not this machine's, a privileged port."""
+EXIT_CACHE_DIR = 6
+"""``counting.cache_dir`` can't be created or written."""
+
+
+class StartupError(Exception):
+    """kvgate can't start for a reason outside it: one line for stderr, and the exit code that tells it apart."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def check_cache_dir(path: Path) -> None:
+    """Create ``counting.cache_dir`` and prove it writable, before anything listens."""
+    directory = path.expanduser()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".kvgate-write-check-"):
+            pass
+    except OSError as exc:
+        raise StartupError(f"setting 'counting.cache_dir' = '{path}' is unusable: {exc.strerror or exc}; make it a "
+                           f"writable directory or choose another", EXIT_CACHE_DIR) from None
+
+
+def _listen_error(host: str, port: int, exc: OSError) -> StartupError:
+    where = f"{host}:{port}"
+    if isinstance(exc, socket.gaierror):
+        return StartupError(f"setting 'server.host' = '{host}' does not resolve ({exc.strerror}); use an address "
+                            f"such as 127.0.0.1 or a known host name", EXIT_HOST_UNRESOLVABLE)
+    if exc.errno == errno.EADDRINUSE:
+        return StartupError(f"can't listen on {where}: the port is already in use (another kvgate or server?); stop "
+                            f"it or set another server.port", EXIT_ADDRESS_IN_USE)
+    if exc.errno == errno.EADDRNOTAVAIL:
+        reason = "the address is not one of this machine's; check server.host"
+    elif exc.errno == errno.EACCES:
+        reason = "permission denied (ports below 1024 need privileges); set another server.port"
+    else:
+        reason = exc.strerror or str(exc)
+    return StartupError(f"can't listen on {where}: {reason}", EXIT_CANNOT_LISTEN)
+
+
+def check_listen_address(host: str, port: int) -> None:
+    """Resolve ``host`` and bind each of its addresses the way the server will (then let go), so that a busy port
+    or an unknown host is one line at start-up rather than a traceback from inside the event loop."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise _listen_error(host, port, exc) from None
+    for family, kind, proto, _, address in dict.fromkeys(infos):
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError:  # a family this machine lacks; the server skips it too
+            continue
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                raise _listen_error(host, port, exc) from None
 
 
 def _serve_parser(sub: Any) -> None:
@@ -63,14 +137,17 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 async def serve(settings: Settings) -> None:
     from gateway.app import create_app, start_server
 
-    runner, port = await start_server(create_app(settings), settings.server.host, settings.server.port)
-    backends = ", ".join(f"{b.name} ({b.kind}) {b.url}" for b in settings.backends)
-    log.info("kvgate %s listening on http://%s:%d; backends: %s", __version__, settings.server.host, port, backends)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before "listening": a stop sent on seeing that line is honoured
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    try:
+        runner, port = await start_server(create_app(settings), settings.server.host, settings.server.port)
+    except OSError as exc:  # lost a race for the port since check_listen_address
+        raise _listen_error(settings.server.host, settings.server.port, exc) from None
+    backends = ", ".join(f"{b.name} ({b.kind}) {b.url}" for b in settings.backends)
+    log.info("kvgate %s listening on http://%s:%d; backends: %s", __version__, settings.server.host, port, backends)
     try:
         await stop.wait()
     finally:
@@ -88,17 +165,33 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
         uvloop.run(main)
 
 
+def serve_command(args: argparse.Namespace) -> int:
+    """``kvgate serve``: a bad setting or an address or directory it can't use is one line on stderr and its own
+    exit code, never a traceback."""
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as exc:
+        print(f"kvgate: {exc}", file=sys.stderr)
+        for line in unknown_environment(os.environ):
+            print(f"kvgate: {line}", file=sys.stderr)
+        return EXIT_CONFIG
+    configure_logging(settings.server.log_level, settings.server.log_format)
+    for line in unknown_environment(os.environ):
+        log.warning("%s", line)
+    try:
+        check_cache_dir(settings.counting.cache_dir)
+        check_listen_address(settings.server.host, settings.server.port)
+        run_event_loop(serve(settings))
+    except StartupError as exc:
+        print(f"kvgate: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        try:
-            settings = settings_from_args(args)
-        except ConfigError as exc:
-            print(f"kvgate: {exc}", file=sys.stderr)
-            return 2
-        configure_logging(settings.server.log_level, settings.server.log_format)
-        run_event_loop(serve(settings))
-        return 0
+        return serve_command(args)
     if args.command == "estimate":
         return asyncio.run(estimate_cli.run(args))
     if args.command == "sim":

@@ -8,7 +8,10 @@ is allowed.
 
 from __future__ import annotations
 
+import difflib
 import re
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +26,13 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import ErrorDetails
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
 from yarl import URL
 
 from gateway.domain import BackendKind
@@ -39,6 +48,25 @@ _TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 class ConfigError(Exception):
     """Raised when a setting is invalid; the message names the setting, the value and what is allowed."""
+
+
+def _usable_key(value: SecretStr | None) -> SecretStr | None:
+    """A key that is empty or whitespace (an unset template variable) would open what it guards, and one with
+    surrounding whitespace (a newline from a key file) can never be presented: both are refused."""
+    if value is None:
+        return None
+    secret = value.get_secret_value()
+    if not secret.strip():
+        raise ValueError("must not be empty or only whitespace (an unset variable?); set a key or remove the setting")
+    if secret != secret.strip():
+        raise ValueError("must not begin or end with whitespace (a newline from a key file?); no client can send it")
+    return value
+
+
+def _existing_file(value: Path | None) -> Path | None:
+    if value is not None and not value.expanduser().is_file():
+        raise ValueError(f"no such file: {value}; fix the path or remove the setting")
+    return value
 
 
 class _Strict(BaseModel):
@@ -99,7 +127,20 @@ class BackendSettings(_Strict):
         url = URL(value)
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError("must be an http:// or https:// URL with a host, like http://127.0.0.1:11434")
+        if url.path not in ("", "/") or url.query_string or url.fragment:
+            raise ValueError("must be the server's root, with no path, query or fragment (kvgate appends each "
+                             "request's own path), like http://127.0.0.1:11434")
         return str(url).rstrip("/")
+
+    @field_validator("api_key")
+    @classmethod
+    def _api_key(cls, value: SecretStr | None) -> SecretStr | None:
+        return _usable_key(value)
+
+    @field_validator("gguf_path")
+    @classmethod
+    def _gguf_file(cls, value: Path | None) -> Path | None:
+        return _existing_file(value)
 
 
 class ServerSettings(_Strict):
@@ -108,9 +149,21 @@ class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
     max_body_bytes: ByteSize = Field(default=ByteSize(32 * 1024 * 1024), gt=0)
+    max_held_body_bytes: ByteSize = Field(
+        default=ByteSize(128 * 1024 * 1024), gt=0,
+        description="request-body bytes held at once across all requests; more waits held_body_wait_s, then 503",
+    )
+    held_body_wait_s: float = Field(
+        default=2.0, ge=0, description="how long a body waits for room under max_held_body_bytes before a 503",
+    )
     require_api_key: bool = Field(default=False, description="refuse requests without a tenant's API key")
     admin_key: SecretStr | None = Field(
-        default=None, description="bearer key for /kvgate/status and /kvgate/metrics; unset: loopback clients only"
+        default=None, description="bearer key for /kvgate/status, /kvgate/metrics and (admin_only_management) model "
+        "management; unset: loopback clients only"
+    )
+    admin_only_management: bool = Field(
+        default=True, description="model management (/api/pull, push, create, copy, delete, blobs) needs the admin "
+        "key, or a loopback client when none is set; false: open to every client (and tenant)"
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"
@@ -119,6 +172,35 @@ class ServerSettings(_Strict):
         description="while a stream arrives faster than this, its chunks are written to the client together, at "
         "most once per interval; a chunk after a quieter gap goes out at once; 0 writes each read as it comes",
     )
+    header_timeout_s: float = Field(
+        default=10.0, gt=0,
+        description="a connection whose request headers are not complete this long after it opened (or after the "
+        "first byte of a keep-alive request) is closed; clients send headers in one packet, slowloris doesn't",
+    )
+    body_timeout_s: float = Field(
+        default=60.0, gt=0,
+        description="a body kvgate reads whole must arrive within this after its headers (408 otherwise; 32 MiB "
+        "needs ~0.5 MB/s); a body streamed through (/api/blobs) may take longer but not pause this long",
+    )
+    client_write_timeout_s: float = Field(
+        default=60.0, gt=0,
+        description="a response write that can't drain this long (the client stopped reading) ends the response "
+        "and releases its reservation; reported as the client's fault, not the backend's",
+    )
+    keepalive_timeout_s: float = Field(
+        default=75.0, gt=0, description="an idle keep-alive connection is closed after this; above the idle "
+        "timeouts of common client pools, so a client doesn't reuse a connection kvgate is closing",
+    )
+    max_connections: int | None = Field(
+        default=None, ge=1,
+        description="open client connections at most; at the cap a new one closes the one longest waiting for its "
+        "headers (or idle), else it gets 503; unset: half the open-file limit, less a reserve of 64",
+    )
+
+    @field_validator("admin_key")
+    @classmethod
+    def _admin_key(cls, value: SecretStr | None) -> SecretStr | None:
+        return _usable_key(value)
 
 
 class ModelSettings(_Strict):
@@ -128,6 +210,11 @@ class ModelSettings(_Strict):
     tokenizer_json: Path | None = Field(default=None, description="a Hugging Face tokenizer.json for the model")
     chat_template: str | None = Field(default=None, description="template family: llama3.1, llama3 or chatml")
     image_tokens: int | None = Field(default=None, ge=0, description="tokens one image costs (Ollama: 768)")
+
+    @field_validator("gguf_path", "tokenizer_json")
+    @classmethod
+    def _file(cls, value: Path | None) -> Path | None:
+        return _existing_file(value)
 
 
 class CountingConfig(_Strict):
@@ -145,6 +232,10 @@ class CountingConfig(_Strict):
     refusal_count_wait_s: float = Field(
         default=60.0, gt=0, description="before refusing or trimming on an estimate, wait this long for the real count"
     )
+    exact_count_max_bytes: ByteSize = Field(
+        default=ByteSize(4 * 1024 * 1024), ge=0,
+        description="a prompt over this many UTF-8 bytes is estimated (flagged), never run through a tokenizer",
+    )
 
 
 class TenantSettings(_Strict):
@@ -156,6 +247,16 @@ class TenantSettings(_Strict):
     max_prompt_tokens: int | None = Field(default=None, ge=1)
     max_output_tokens: int | None = Field(default=None, ge=1)
     priority: int = Field(default=0, description="higher is served first from the queue")
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys(cls, value: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        for index, key in enumerate(value):
+            try:
+                _usable_key(key)
+            except ValueError as exc:
+                raise ValueError(f"key {index + 1} of {len(value)} {exc}") from None
+        return value
 
 
 class AdmissionConfig(_Strict):
@@ -213,6 +314,9 @@ class Settings(BaseSettings):
         bad = sorted(name for name in self.tenants if not _TENANT_NAME.match(name))
         if bad:
             raise ValueError(f"tenant names may use letters, digits, '_', '.', '-'; not: {', '.join(bad)}")
+        admin = self.server.admin_key
+        if admin is not None and admin.get_secret_value() in keys:
+            raise ValueError("server.admin_key is also a tenant's API key; give the admin its own key")
         if self.server.require_api_key and not keys:
             raise ValueError("server.require_api_key is true but no tenant has api_keys")
         if self.default_backend is not None and self.default_backend not in names:
@@ -247,13 +351,65 @@ def parse_backend_flag(value: str, index: int) -> dict[str, Any]:
     return {"name": name or (kind if index == 0 else f"{kind}{index}"), "kind": kind, "url": url}
 
 
+_SECRET_PARTS = frozenset({"admin_key", "api_key", "api_keys", "tenants"})
+"""Settings whose values are never echoed in an error, whatever their type (a tenant's table holds its keys)."""
+
+
+def _shown(error: ErrorDetails) -> str:
+    """`` = <value>`` for an error message, or nothing where the value may be a secret: a key setting (of any type),
+    an unknown setting (a misspelled key's value), a table or list (it may hold keys), a URL's password."""
+    value = error.get("input")
+    secret = bool({str(part) for part in error["loc"]} & _SECRET_PARTS)
+    if secret or error["type"] == "extra_forbidden" or isinstance(value, dict | list | tuple | SecretStr):
+        return ""
+    if isinstance(value, str) and error["loc"] and error["loc"][-1] == "url" and "@" in value:
+        try:
+            url = URL(value)
+        except ValueError:
+            return ""
+        value = str(url.with_password("****")) if url.password else value
+    return f" = {value!r}"
+
+
 def _describe(error: ErrorDetails) -> str:
     location = ".".join(str(part) for part in error["loc"]) or "settings"
-    value = error.get("input")
-    shown = "" if isinstance(value, dict) else f" = {value!r}"
-    if "api_key" in location:
-        shown = " = '**********'"
-    return f"setting '{location}'{shown} is invalid: {error['msg']}"
+    return f"setting '{location}'{_shown(error)} is invalid: {error['msg']}"
+
+
+TOOLING_VARIABLES = frozenset({"KVGATE_CACHE", "KVGATE_LLAMA_SERVER", "KVGATE_TINY_MODEL_DIR"})
+"""``KVGATE_*`` variables that kvgate's scripts and tests read; not settings, and not reported."""
+
+
+def _setting_variables(model: type[BaseModel], prefix: str) -> tuple[set[str], set[str]]:
+    """Every environment variable that names a setting, and the prefixes under which any name is a table's key."""
+    names: set[str] = set()
+    open_prefixes: set[str] = set()
+    for field_name, field in model.model_fields.items():
+        name = prefix + field_name.upper()
+        names.add(name)
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            nested, nested_open = _setting_variables(annotation, name + "__")
+            names |= nested
+            open_prefixes |= nested_open
+        elif typing.get_origin(annotation) is dict:
+            open_prefixes.add(name + "__")
+    return names, open_prefixes
+
+
+def unknown_environment(environ: Mapping[str, str]) -> list[str]:
+    """One line for each ``KVGATE_*`` variable that names no setting (kvgate ignores it), with the closest known."""
+    names, open_prefixes = _setting_variables(Settings, "KVGATE_")
+    lines = []
+    for variable in sorted(environ):
+        upper = variable.upper()
+        if (not upper.startswith("KVGATE_") or upper in names or upper in TOOLING_VARIABLES
+                or upper.startswith(tuple(open_prefixes))):
+            continue
+        close = difflib.get_close_matches(upper[7:], sorted(name[7:] for name in names), n=1, cutoff=0.6)
+        hint = f"; did you mean KVGATE_{close[0]}?" if close else "; see config/kvgate.toml for the settings"
+        lines.append(f"environment variable {variable} names no kvgate setting{hint}")
+    return lines
 
 
 def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings:
@@ -268,5 +424,12 @@ def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings
         return Settings.model_validate(_FromFile(**overrides).model_dump())
     except ValidationError as exc:
         raise ConfigError("\n".join(_describe(error) for error in exc.errors())) from None
+    except SettingsError as exc:  # an environment variable that is not valid JSON; its value is not repeated
+        found = re.search(r'field "([^"]+)" from source "EnvSettingsSource"', str(exc))
+        if found is None:
+            raise ConfigError(f"settings are invalid: {exc}") from None
+        variable = "KVGATE_" + found.group(1).upper()
+        raise ConfigError(f"setting '{found.group(1)}' from {variable} is invalid: a table or list in an "
+                          f"environment variable must be JSON") from None
     except ValueError as exc:  # TOML syntax errors and the like
         raise ConfigError(f"setting '--config' = '{config_path}' is invalid: {exc}") from None

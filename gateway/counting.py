@@ -3,6 +3,14 @@
 One counter chain per (backend, model), built on first use and kept, so tokenizers and per-message counts stay
 cached. Counting never fails a request, and never leaves one uncounted: when no counter can answer, the byte
 estimate (flagged as an estimate) does.
+
+What counting may hold and do is bounded, whatever clients send:
+
+- chains are kept for the models a backend lists or the settings name (and llama-server's one model); a chain for
+  any other name (an OpenAI-compatible server's, a /kvgate/count guess) lives in a small LRU of
+  ``UNLISTED_CHAINS``, so 5,000 made-up names cost 16 chains, not 5,000;
+- a prompt over ``counting.exact_count_max_bytes`` is estimated, never tokenized: a 20 MiB chat costs a pass over
+  its bytes, not seconds of CPU and the tokenizer's per-token memory.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections import OrderedDict
 
 import aiohttp
 
@@ -26,11 +35,14 @@ from gateway.tokens import (
 )
 from gateway.tokens.estimate import EstimateCounter
 from gateway.tokens.llama_server_counter import probe_chat_template
+from gateway.tokens.request_count import prompt_bytes
 
 log = logging.getLogger(__name__)
 
 ESTIMATE_COUNTER = "estimate"
 COUNTED_OPERATIONS = KV_OPERATIONS
+UNLISTED_CHAINS = 16
+"""Chains kept, least recently used first out, for model names a backend does not list."""
 
 
 def counting_settings(settings: Settings) -> CountingSettings:
@@ -55,6 +67,9 @@ class Counting:
         self._settings = counting_settings(settings)
         self._session = session
         self._chains: dict[tuple[str, str], CounterChain] = {}
+        self._unlisted: OrderedDict[tuple[str, str], CounterChain] = OrderedDict()
+        self._configured = frozenset(settings.models)
+        self._exact_max_bytes = int(settings.counting.exact_count_max_bytes)
         self._templates: dict[str, asyncio.Future[str | None]] = {}
         self._slow: dict[tuple[str, str], asyncio.Future[TokenCount]] = {}
         self._warm: set[tuple[str, str]] = set()
@@ -63,18 +78,43 @@ class Counting:
         self._estimate = EstimateCounter(bytes_per_token=c.estimate_bytes_per_token,
                                          safety_margin=c.estimate_safety_margin, image_tokens=c.default_image_tokens)
 
-    async def chain(self, backend: Backend, model: str) -> CounterChain:
-        key = (backend.name, model)
+    def _kept(self, backend: Backend, model: str) -> bool:
+        """Whether ``model``'s chain is kept for good: a name the backend lists or the settings name."""
+        if backend.kind is BackendKind.LLAMA_SERVER and not model:
+            return True
+        return model in self._configured or backend.listed_name(model) is not None
+
+    def _cached(self, key: tuple[str, str]) -> CounterChain | None:
         chain = self._chains.get(key)
         if chain is None:
+            chain = self._unlisted.get(key)
+            if chain is not None:
+                self._unlisted.move_to_end(key)
+        return chain
+
+    def chains_held(self) -> int:
+        """How many counter chains are kept now (listed and unlisted models)."""
+        return len(self._chains) + len(self._unlisted)
+
+    async def chain(self, backend: Backend, model: str) -> CounterChain:
+        key = (backend.name, model)
+        chain = self._cached(key)
+        if chain is None:
             template = await self._server_template(backend) if backend.kind is BackendKind.LLAMA_SERVER else None
-            chain = self._chains.get(key)  # another request may have built it meanwhile: one chain per model
+            chain = self._cached(key)  # another request may have built it meanwhile: one chain per model
             if chain is None:
                 chain = build_counter_chain(
                     str(backend.kind), model, session=self._session, base_url=backend.settings.url,
                     settings=self._settings, llama_server_template=template, api_key=backend.api_key,
                 )
-                self._chains[key] = chain
+                if self._kept(backend, model):
+                    self._chains[key] = chain
+                else:
+                    self._unlisted[key] = chain
+                    while len(self._unlisted) > UNLISTED_CHAINS:
+                        old, _ = self._unlisted.popitem(last=False)
+                        self._warm.discard(old)
+                        self._slow.pop(old, None)
         return chain
 
     async def _server_template(self, backend: Backend) -> str | None:
@@ -103,8 +143,13 @@ class Counting:
             raise ValueError(f"{parsed.operation} requests have no prompt to count")
         model = parsed.model if model is None else model
         key = (backend.name, model or "")
-        chain = await self.chain(backend, model or "")
         prompt = parsed.prompt_input
+        size_bytes = prompt_bytes(prompt)
+        if size_bytes > self._exact_max_bytes:  # too big to tokenize within its budget: estimated, flagged
+            log.info("prompt is %s bytes, over counting.exact_count_max_bytes (%s): estimated",
+                     f"{size_bytes:,}", f"{self._exact_max_bytes:,}")
+            return await count_prompt(prompt, self._estimate)
+        chain = await self.chain(backend, model or "")
         budget = self._budget_s if budget_s is None else budget_s
         running = self._slow.get(key)
         if running is not None and not running.done():  # a load under way: it may finish within this budget
@@ -125,7 +170,7 @@ class Counting:
                 except CounterUnavailable as exc:
                     log.warning("could not count the prompt: %s", exc.reason)
                     return await count_prompt(prompt, self._estimate)
-                if result.counter != ESTIMATE_COUNTER:
+                if result.counter != ESTIMATE_COUNTER and self._cached(key) is chain:
                     self._warm.add(key)
                 return result
             task.add_done_callback(functools.partial(self._settle, key))
@@ -141,14 +186,14 @@ class Counting:
             return
         if task.exception() is not None:
             log.debug("background count failed: %s", task.exception())
-        elif task.result().counter != ESTIMATE_COUNTER:
+        elif task.result().counter != ESTIMATE_COUNTER and (key in self._chains or key in self._unlisted):
             self._warm.add(key)
 
     async def calibrate(self, parsed: ParsedRequest, backend: Backend, model: str, observed_prompt_tokens: int) -> None:
         """Learn a model's template overhead from the prompt length its backend reported."""
-        chain = self._chains.get((backend.name, model))
+        chain = self._cached((backend.name, model))
         messages = parsed.prompt_input.messages
-        if chain is None or not messages:
+        if chain is None or not messages or prompt_bytes(parsed.prompt_input) > self._exact_max_bytes:
             return
         await chain.calibrate(list(messages), list(parsed.prompt_input.tools), observed_prompt_tokens)
 

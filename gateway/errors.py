@@ -5,6 +5,8 @@
     │   └── InvalidField         400  a JSON field is missing or has the wrong type
     ├── Unauthorized             401  no API key, or one no tenant has (when keys are required)
     ├── PayloadTooLarge          413  the body is over ``server.max_body_bytes``
+    ├── UnsupportedMediaType     415  the body has a Content-Encoding kvgate does not decode
+    ├── ServerBusy               503  kvgate holds all the request-body bytes it may (with Retry-After)
     ├── ModelNotFound            404  no backend serves the model the request names
     ├── BackendNotReady          503  the backend's KV pool can't be learned right now (with Retry-After)
     ├── BackendUnavailable       502  the backend refused the connection or broke it before answering
@@ -60,6 +62,24 @@ class PayloadTooLarge(GatewayError):
 
     status = 413
     code = "payload_too_large"
+
+
+class UnsupportedMediaType(GatewayError):
+    """Raised when a request body has a Content-Encoding kvgate does not decode (it decodes gzip and deflate)."""
+
+    status = 415
+    code = "unsupported_media_type"
+
+
+class ServerBusy(GatewayError):
+    """Raised when kvgate already holds all the request-body bytes it may (``server.max_held_body_bytes``)."""
+
+    status = 503
+    code = "server_busy"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ModelNotFound(GatewayError):

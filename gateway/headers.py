@@ -29,10 +29,14 @@ def upstream_request_headers(
     api_key: str | None,
     client_ip: str | None,
     strip_client_keys: bool = False,
+    body_decoded: bool = False,
 ) -> CIMultiDict[str]:
     """End-to-end headers of the client's request, with Host set to the upstream (Ollama checks it). A client's
-    key for kvgate itself (``strip_client_keys``) never travels on to the backend."""
+    key for kvgate itself (``strip_client_keys``) never travels on to the backend. A body kvgate read and decoded
+    (``body_decoded``) goes on without its Content-Encoding; one streamed through keeps it, with its bytes."""
     drop = HOP_BY_HOP | _connection_listed(incoming) | {"host", "content-length", REQUEST_ID.lower()}
+    if body_decoded:
+        drop |= {"content-encoding"}
     if strip_client_keys:
         drop |= {"authorization", "x-api-key"}
     out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in incoming.items() if k.lower() not in drop)

@@ -70,15 +70,20 @@ class Knowledge:
         """Ollama: every model /api/ps shows loaded now."""
         return await self._ollama_prober(backend).loaded()
 
-    async def loaded_model(self, backend: Backend, model: str) -> LoadedModel | None:
-        """Ollama: the model as /api/ps shows it loaded now (size, size_vram, context), None when not loaded."""
+    async def loaded_model(
+        self, backend: Backend, model: str, *, join_running: bool = True
+    ) -> LoadedModel | None:
+        """Ollama: the model as /api/ps shows it loaded now (size, size_vram, context), None when not loaded; with
+        ``join_running`` a read in flight will do (a burst of /kvgate/fit requests reads /api/ps once)."""
         prober = self._ollama_prober(backend)
         names = {model, f"{model}:latest"}
-        return next((loaded for loaded in await prober.loaded() if loaded.name in names), None)
+        return next((loaded for loaded in await prober.loaded(join_running=join_running) if loaded.name in names),
+                    None)
 
     async def loaded_context(self, backend: Backend, model: str) -> int | None:
-        """Ollama: the per-sequence context the model is loaded with now (/api/ps), None when not loaded."""
-        loaded = await self.loaded_model(backend, model)
+        """Ollama: the per-sequence context the model is loaded with now (/api/ps read anew: it follows loads and
+        reloads), None when not loaded."""
+        loaded = await self.loaded_model(backend, model, join_running=False)
         return None if loaded is None else loaded.context_tokens
 
     def vram_source(self, backend: Backend) -> VramSource | None:

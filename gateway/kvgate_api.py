@@ -26,6 +26,7 @@ from gateway.memory.prober import ProbeError
 from gateway.memory.profile import ModelProfile
 from gateway.memory.vram import VramReading, VramUnavailable
 from gateway.routes import ROUTES
+from gateway.text import safe_text
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,8 @@ def status_snapshot(
 ) -> dict[str, Any]:
     """Backends (with ``notes``: why one is forwarded without admission, a configured context its loaded models
     disagree with), their models, every KV pool with its reservations and queue, and the silent truncations seen in
-    replies (``TruncationLog.snapshot()``), as JSON."""
+    replies (``TruncationLog.snapshot()``), as JSON. Every string that may come from a client or a backend is safe
+    text (``gateway.text``), so the page always encodes."""
     notes = notes or {}
     stats = room.stats()
     pool_rows = []
@@ -180,7 +182,7 @@ def status_snapshot(
         spec = pools.get(key)
         stat = stats.get(pool_key)
         pool_rows.append({
-            "backend": key[0], "model": key[1],
+            "backend": safe_text(key[0]), "model": safe_text(key[1]),
             "kind": "unified" if spec and spec.unified else "split" if spec else None,
             "slots": spec.slots if spec else None,
             "slot_context_tokens": spec.slot_ctx_tokens if spec else None,
@@ -196,8 +198,9 @@ def status_snapshot(
         "version": __version__,
         "uptime_s": round(uptime_s, 1),
         "backends": [
-            {"name": b.name, "kind": str(b.kind), "url": b.settings.url, "models": sorted(b.models),
-             "last_error": b.last_error, "notes": notes.get(b.name, [])}
+            {"name": b.name, "kind": str(b.kind), "url": b.settings.url, "models": sorted(map(safe_text, b.models)),
+             "last_error": b.last_error and safe_text(b.last_error),
+             "notes": [safe_text(note) for note in notes.get(b.name, [])]}
             for b in registry.backends
         ],
         "pools": pool_rows,
@@ -208,7 +211,7 @@ def status_snapshot(
 def status_html(status: dict[str, Any]) -> str:
     """The same, as a page a person can read."""
     def cells(values: list[Any], tag: str = "td") -> str:
-        return "".join(f"<{tag}>{html.escape(str(v))}</{tag}>" for v in values)
+        return "".join(f"<{tag}>{html.escape(safe_text(str(v)))}</{tag}>" for v in values)
 
     pool_columns = ["backend", "model", "kind", "slots", "slot_context_tokens", "capacity_tokens", "active_sequences",
                     "reserved_tokens", "queued", "oldest_wait_s", "admitted_total", "refused_total"]

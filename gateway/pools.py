@@ -153,7 +153,8 @@ class PoolDirectory:
             return await self._ollama_pool(backend, model)
         props = await self._knowledge.llama_props(backend)
         settings = backend.settings
-        name = props.model_alias or PurePath(props.model_path).name or backend.name
+        alias = props.model_alias if props.model_alias != props.model_path else ""  # the default alias is the path
+        name = alias or PurePath(props.model_path).name or backend.name
         slots = props.total_slots or settings.parallel or 1
         if settings.unified_kv is False:
             return PoolSpec.split_pool(backend.name, name, str(backend.kind), slot_ctx_tokens=props.n_ctx_slot,

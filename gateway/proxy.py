@@ -23,6 +23,8 @@ from aiohttp import web
 from gateway import dialects, truncation
 from gateway.admission import AdmissionRejected
 from gateway.backends import Backend, BackendRegistry, models
+from gateway.body_budget import BodyBudget, BodyLease
+from gateway.body_encoding import BodyDecoder, coding_of
 from gateway.config import Settings
 from gateway.counting import Counting, count_headers
 from gateway.domain import KV_OPERATIONS, BackendKind, Dialect, Operation, ParsedRequest
@@ -84,6 +86,7 @@ class Proxy:
         self._metrics = metrics
         self._tenants = tenants
         self._clock = clock
+        self._bodies = BodyBudget(int(settings.server.max_held_body_bytes), wait_s=settings.server.held_body_wait_s)
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
         request_id = request_id_for(request)
@@ -93,10 +96,11 @@ class Proxy:
         status = 0
         detail: dict[str, object] = {}
         headers: Mapping[str, str] = {}
+        lease = self._bodies.lease()  # the body bytes this request holds, given back when it is over
         try:
             tenant = self._tenants.identify(request.headers)
             detail["tenant"] = tenant.name
-            response = await self._dispatch(request, route, dialect, request_id, tenant)
+            response = await self._dispatch(request, route, dialect, request_id, tenant, lease)
             status, headers = response.status, response.headers
             return response
         except GatewayError as exc:
@@ -115,6 +119,7 @@ class Proxy:
             return self._error_response(dialect, InternalError(f"internal error in kvgate (request {request_id})"),
                                         request_id)
         finally:
+            lease.release()
             elapsed_s = self._clock() - started_s
             log.info("%s %s %d", request.method, request.path, status,
                      extra={"duration_ms": round(elapsed_s * 1000, 2), **detail})
@@ -133,7 +138,8 @@ class Proxy:
         )
 
     async def _dispatch(
-        self, request: web.Request, route: Route, dialect: Dialect, request_id: str, tenant: Tenant
+        self, request: web.Request, route: Route, dialect: Dialect, request_id: str, tenant: Tenant,
+        lease: BodyLease,
     ) -> web.StreamResponse:
         if route.handling is Handling.LISTING:
             return await self._listing(request, route, request_id)
@@ -146,7 +152,7 @@ class Proxy:
             finally:
                 if route.operation is Operation.MANAGE:
                     backend.listed_at_s = None  # a pull, create, copy or delete: list its models anew when asked
-        raw = await self._read_body(request)
+        raw = await self._read_body(request, lease)
         parsed = dialects.parse(dialect, route.operation, dialects.decode_body(raw), request.path)
         backend = await self._registry.resolve(parsed.model, route.kind)
         if not parsed.allocates_kv:
@@ -228,20 +234,35 @@ class Proxy:
             return {}
         return {truncation.TRUNCATED_HEADER: found.describe()}
 
-    async def _read_body(self, request: web.Request) -> bytes:
+    async def _read_body(self, request: web.Request, lease: BodyLease) -> bytes:
+        """The whole body, decoded (gzip, deflate), at most ``server.max_body_bytes``; the bytes are held under the
+        request's lease (``server.max_held_body_bytes`` across requests) until the request is over."""
         limit = int(self._settings.server.max_body_bytes)
+        coding = coding_of(request.headers.get("Content-Encoding"))
         declared = request.content_length
         if declared is not None and declared > limit:
             raise PayloadTooLarge(f"request body is {declared:,} bytes; the limit (server.max_body_bytes) is {limit:,}")
+        decoder = BodyDecoder(coding, max_bytes=limit) if coding is not None else None
+        if decoder is None and declared is not None:
+            await lease.take(declared)  # all of it up front: no half-read body waits for room
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.content.iter_any():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(
-                    f"request body is over {limit:,} bytes, the limit (server.max_body_bytes); send less"
-                )
-            chunks.append(chunk)
+            pieces = decoder.feed(chunk) if decoder is not None else [chunk]
+            for piece in pieces:
+                size += len(piece)
+                if size > limit:
+                    raise PayloadTooLarge(
+                        f"request body is over {limit:,} bytes, the limit (server.max_body_bytes); send less"
+                    )
+                if size > lease.held_bytes:
+                    await lease.take(size - lease.held_bytes)
+                chunks.append(piece)
+        if decoder is not None:
+            for piece in decoder.finish():
+                size += len(piece)
+                await lease.take(max(0, size - lease.held_bytes))
+                chunks.append(piece)
         return b"".join(chunks)
 
     async def _forward(
@@ -258,6 +279,7 @@ class Proxy:
         headers = upstream_request_headers(
             request.headers, host=backend.host_header, request_id=request_id, api_key=backend.api_key,
             client_ip=request.remote, strip_client_keys=self._tenants.enabled,
+            body_decoded=isinstance(body, bytes),  # a body kvgate read is forwarded decoded (gateway.body_encoding)
         )
         upstream = await self._open(request.method, backend, request.raw_path, headers, body)
         try:

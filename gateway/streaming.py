@@ -36,6 +36,7 @@ from gateway.domain import Dialect
 from gateway.errors import BackendTimeout, BackendUnavailable, GatewayError
 from gateway.framing import stream_kind
 from gateway.headers import downstream_response_headers
+from gateway.serving import CONNECTIONS
 from gateway.usage import UsageObserver
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,20 @@ HeldHeaders = Callable[[int, Mapping[str, str]], Mapping[str, str]]
 
 class ClientGone(Exception):
     """Raised when the client disconnected while the response was being written."""
+
+
+class ClientStalled(ClientGone):
+    """Raised when a write to the client could not drain within ``server.client_write_timeout_s``: the client
+    stopped reading. Its fault, not the backend's: the connection is dropped and the reservation released."""
+
+
+DEFAULT_CLIENT_WRITE_S = 60.0
+"""``server.client_write_timeout_s`` for an app that has no ``gateway.serving.Connections``."""
+
+
+def _client_write_s(request: web.Request) -> float:
+    connections = request.app.get(CONNECTIONS)
+    return DEFAULT_CLIENT_WRITE_S if connections is None else connections.limits.client_write_timeout_s
 
 
 async def relay(
@@ -87,11 +102,15 @@ async def relay(
 
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     await response.prepare(request)
+    write_s = _client_write_s(request)
     try:
         if held:
-            await _write_held(response, held)
+            await _write_held(response, held, write_s)
         error = await pump(upstream, response, idle_s=idle_s, coalesce_s=coalesce_s, backend_label=backend_label,
-                            observer=observer)
+                            observer=observer, write_s=write_s)
+    except ClientStalled:
+        _client_stalled(request, write_s)
+        return response
     except ClientGone:
         log.info("client disconnected mid-stream; upstream request closed")
         return response
@@ -132,30 +151,64 @@ async def _hold(
     return b"".join(chunks), content.at_eof()
 
 
-async def _write_held(response: web.StreamResponse, held: bytes) -> None:
+def _client_stalled(request: web.Request, write_s: float) -> None:
+    """Drop the connection of a client that stopped reading (``abort``: a close would wait for the unsent bytes)
+    and report it as the client's fault."""
+    detail = (f"client stopped reading: a response write did not drain within {write_s:g} s "
+              "(server.client_write_timeout_s); response ended, upstream request closed")
+    connections = request.app.get(CONNECTIONS)
+    if connections is not None:
+        connections.note("client_write_timeout", f"{request.remote}: {detail}")
+    else:
+        log.warning("%s", detail)
+    if request.transport is not None:
+        request.transport.abort()
+
+
+async def _write_held(response: web.StreamResponse, held: bytes, write_s: float) -> None:
     try:
-        await response.write(held)
+        async with asyncio.timeout(write_s):
+            await response.write(held)
     except ConnectionError:
         raise ClientGone from None
+    except TimeoutError:
+        raise ClientStalled from None
 
 
 class _IdleWatchdog:
-    """Fires ``on_idle`` once nothing was fed for ``idle_s``; feeding costs one float store, not a timer."""
+    """Fires ``on_idle`` once the backend sent nothing for ``idle_s`` (``last_s``, the end of the last write), or a
+    write to the client did not finish within ``write_s`` (``writing_since``); ``fired`` says which: "backend" or
+    "client". The time spent writing is not the backend's. Feeding costs float stores, not a timer: the one timer
+    is moved earlier only when a write's deadline comes before it."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, idle_s: float, on_idle: Callable[[], object]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, idle_s: float, on_idle: Callable[[], object],
+                 write_s: float = math.inf) -> None:
         self._loop = loop
         self._idle_s = idle_s
+        self._write_s = write_s
         self._on_idle = on_idle
         self.last_s = loop.time()
-        self.fired = False
-        self._handle = loop.call_at(self.last_s + idle_s, self._check)
+        self.writing_since: float | None = None
+        self.fired: str | None = None
+        self._due_s = self.last_s + idle_s
+        self._handle = loop.call_at(self._due_s, self._check)
+
+    def start_write(self) -> None:
+        now = self.writing_since = self._loop.time()
+        due = now + self._write_s
+        if due < self._due_s:
+            self._handle.cancel()
+            self._due_s = due
+            self._handle = self._loop.call_at(due, self._check)
 
     def _check(self) -> None:
-        due = self.last_s + self._idle_s
+        writing = self.writing_since is not None
+        due = self.writing_since + self._write_s if self.writing_since is not None else self.last_s + self._idle_s
         if self._loop.time() >= due:
-            self.fired = True
+            self.fired = "client" if writing else "backend"
             self._on_idle()
         else:
+            self._due_s = due
             self._handle = self._loop.call_at(due, self._check)
 
     def cancel(self) -> None:
@@ -170,14 +223,16 @@ async def pump(
     coalesce_s: float,
     backend_label: str,
     observer: UsageObserver | None,
+    write_s: float = math.inf,
 ) -> GatewayError | None:
     """Copy chunks until the backend's body ends, coalescing fast ones (module docstring); returns the backend's
-    failure, if any."""
+    failure, if any. Raises ``ClientGone`` when the client left, ``ClientStalled`` when a write did not drain
+    within ``write_s``."""
     loop = asyncio.get_running_loop()
     content = upstream.content
     task = asyncio.current_task()
     assert task is not None
-    watchdog = _IdleWatchdog(loop, idle_s, task.cancel)
+    watchdog = _IdleWatchdog(loop, idle_s, task.cancel, write_s)
     last_write_s = -math.inf
     try:
         while True:
@@ -201,6 +256,7 @@ async def pump(
                 return None
             if observer is not None:
                 observer.feed(chunk)
+            watchdog.start_write()
             try:
                 if error is None and content.at_eof():  # the body's end came with it: send both in one write
                     await response.write_eof(chunk)
@@ -208,13 +264,16 @@ async def pump(
                 await response.write(chunk)
             except ConnectionError:
                 raise ClientGone from None
+            watchdog.writing_since = None
             if error is not None:
                 return error
             last_write_s = watchdog.last_s = loop.time()
     except asyncio.CancelledError:
-        if not watchdog.fired:
+        if watchdog.fired is None:
             raise
         task.uncancel()
+        if watchdog.fired == "client":
+            raise ClientStalled from None
         return BackendTimeout(f"{backend_label} stalled: no data for {idle_s:g} s (timeouts.idle_s)")
     finally:
         watchdog.cancel()

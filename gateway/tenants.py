@@ -49,12 +49,14 @@ class TenantDirectory:
         return bool(self._keys)
 
     def identify(self, headers: Mapping[str, str]) -> Tenant:
+        """The tenant whose key the request carries. A key with any byte outside printable ASCII (header bytes
+        that are not UTF-8 arrive as lone surrogates) is no one's key: unknown, so 401 when keys are required."""
         given = presented_key(headers)
         found: Tenant | None = None
         if given is not None:
-            candidate = given.encode()
+            candidate = given.encode() if _printable_ascii(given) else b""  # b"" matches no key
             for key, tenant in self._keys:  # no early exit: every key is compared
-                if hmac.compare_digest(candidate, key):
+                if hmac.compare_digest(candidate, key) and candidate:
                     found = tenant
         if found is not None:
             return found
@@ -62,3 +64,7 @@ class TenantDirectory:
             reason = "no API key was sent" if given is None else "the API key is not one of kvgate's"
             raise Unauthorized(f"{reason}; send a tenant's key as 'Authorization: Bearer <key>' or 'X-Api-Key'")
         return Tenant(ANONYMOUS)
+
+
+def _printable_ascii(text: str) -> bool:
+    return text.isascii() and text.isprintable()

@@ -18,6 +18,7 @@ from gateway.config import BackendSettings, Settings
 from gateway.domain import BackendKind
 from gateway.errors import InvalidField, ModelNotFound
 from gateway.observability.logs import sanitize
+from gateway.single_flight import SingleFlight
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,14 @@ class Backend:
         return self.settings.api_key.get_secret_value() if self.settings.api_key else None
 
     def url_for(self, path_qs: str) -> URL:
-        return URL(str(self.base_url).rstrip("/") + path_qs, encoded=True)
+        """The backend's URL for a request target as the client sent it (raw, percent-encoded): the configured
+        scheme, host and port always, under the configured path. Built from parts, so no target (an absolute URL,
+        ``//host``, ``@host``, a scheme without ``/``) can change the host; a fragment is dropped."""
+        base = self.base_url
+        path, _, query = path_qs.partition("#")[0].partition("?")
+        return URL.build(scheme=base.scheme, user=base.raw_user, password=base.raw_password, host=base.raw_host or "",
+                         port=base.explicit_port, path=base.raw_path.rstrip("/") + "/" + path.lstrip("/"),
+                         query_string=query, encoded=True)
 
     def serves(self, model: str) -> bool:
         return self.listed_name(model) is not None
@@ -78,7 +86,7 @@ class BackendRegistry:
         self._session = session
         self._clock = clock
         self.backends = [Backend(config) for config in settings.backends]
-        self._last_miss_refresh_s = -float("inf")
+        self._miss_refresh: SingleFlight[str, None] = SingleFlight(clock=clock)
 
     @property
     def default(self) -> Backend:
@@ -113,9 +121,12 @@ class BackendRegistry:
 
     async def refresh(self, backend: Backend, *, min_age_s: float = 0.0) -> None:
         """Refresh one backend's model list, keeping the old one if the backend can't be reached; a list younger
-        than ``min_age_s`` is kept (a burst of requests for unknown names lists once, not once each)."""
+        than ``min_age_s`` is kept (a burst of requests for unknown names lists once, not once each), and so is
+        one read while this call waited for another to finish."""
+        asked_at_s = self._clock()
         async with backend._lock:
-            if backend.listed_at_s is not None and self._clock() - backend.listed_at_s < min_age_s:
+            listed_at_s = backend.listed_at_s
+            if listed_at_s is not None and (self._clock() - listed_at_s < min_age_s or listed_at_s > asked_at_s):
                 return
             try:
                 await self.fetch_listing(backend)
@@ -127,13 +138,14 @@ class BackendRegistry:
         await asyncio.gather(*(self.refresh(backend) for backend in backends or self.backends))
 
     async def resolve(self, model: str | None, kind: BackendKind | None = None) -> Backend:
-        """The backend serving ``model``; on a miss, refresh the lists once, then fall back to the default."""
+        """The backend serving ``model``; on a miss, refresh the lists, then fall back to the default. Misses share
+        one refresh: those during it wait for it (never routed before the lists are read), and those within
+        ``MISS_REFRESH_MIN_INTERVAL_S`` after it use its lists."""
         if model is None:
             return self.default_for(kind)
         found = self._find(model)
-        if found is None and self._clock() - self._last_miss_refresh_s >= MISS_REFRESH_MIN_INTERVAL_S:
-            self._last_miss_refresh_s = self._clock()
-            await self.refresh_all()
+        if found is None:
+            await self._miss_refresh.run("all", self.refresh_all, max_age_s=MISS_REFRESH_MIN_INTERVAL_S)
             found = self._find(model)
         return found or self.default_for(kind)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Protocol
 
@@ -10,6 +11,7 @@ import orjson
 from gateway.dialects import anthropic, llamacpp, ollama, openai
 from gateway.domain import Dialect, Operation, ParsedRequest
 from gateway.errors import BadRequest, GatewayError
+from gateway.text import safe_text
 
 __all__ = ["decode_body", "error_body", "parse", "stream_error_event"]
 
@@ -53,20 +55,34 @@ _RENDERERS: dict[Dialect, _Renderer] = {
 
 
 def parse(dialect: Dialect, operation: Operation, body: dict[str, Any], path: str) -> ParsedRequest:
+    """The dialect-neutral request. Its ``model`` is safe text (a name with invalid UTF-8 or a lone surrogate has
+    them as U+FFFD), as it keys pools, metrics labels, the status page and messages; the body keeps the name as
+    sent."""
     if dialect is Dialect.OLLAMA:
-        return ollama.parse(operation, body)
-    if dialect is Dialect.OPENAI:
-        return openai.parse(operation, body, path=path)
-    if dialect is Dialect.ANTHROPIC:
-        return anthropic.parse(operation, body)
-    return llamacpp.parse(operation, body)
+        parsed = ollama.parse(operation, body)
+    elif dialect is Dialect.OPENAI:
+        parsed = openai.parse(operation, body, path=path)
+    elif dialect is Dialect.ANTHROPIC:
+        parsed = anthropic.parse(operation, body)
+    else:
+        parsed = llamacpp.parse(operation, body)
+    if parsed.model is not None and parsed.model != (model := safe_text(parsed.model)):
+        parsed = dataclasses.replace(parsed, model=model)
+    return parsed
 
 
 def error_body(dialect: Dialect, error: GatewayError) -> bytes:
     """The JSON body of an error response in the client's dialect."""
-    return _RENDERERS[dialect].error_body(error)
+    return _RENDERERS[dialect].error_body(_safe(error))
 
 
 def stream_error_event(dialect: Dialect, error: GatewayError) -> bytes:
     """A final stream event carrying an error, for errors after the response headers were sent."""
-    return _RENDERERS[dialect].stream_error_event(error)
+    return _RENDERERS[dialect].stream_error_event(_safe(error))
+
+
+def _safe(error: GatewayError) -> GatewayError:
+    """The error with a message that encodes (a client's string in it may hold lone surrogates); the message is
+    replaced in place, so what logs it later writes the same safe text."""
+    error.message = safe_text(error.message)
+    return error

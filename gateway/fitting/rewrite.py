@@ -15,12 +15,14 @@ Every other field, known or not, is kept. Each change is described for the X-Kvg
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
 
 from gateway.admission import Rewrites
 from gateway.domain import FieldPath, ParsedRequest
+from gateway.errors import BadRequest
 
 
 def _set(body: dict[str, Any], field: tuple[str, ...], value: int) -> Any:
@@ -72,9 +74,30 @@ def _shown(value: Any) -> str:
     return "unset" if value is None else str(value)
 
 
+_LONE_SURROGATES = re.compile("[\ud800-\udfff]+")
+
+
 def encode_body(body: dict[str, Any]) -> bytes:
-    """JSON bytes for a rewritten body; strings that held invalid UTF-8 go back out as the bytes that came in."""
+    """JSON bytes for a rewritten body; strings that held invalid UTF-8 go back out as the bytes that came in, and
+    other lone surrogates (a client's ``"\\ud83d"``) as the JSON escapes that came in.
+
+    orjson refuses lone surrogates (kvgate's lenient decoding makes them) and nesting deeper than 254; the standard
+    library writes both. A body too deep even for it (past Python's recursion limit) is a 400."""
     try:
         return orjson.dumps(body)
-    except TypeError:  # orjson refuses lone surrogates, which kvgate's lenient decoding produces
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
+    except TypeError:
+        pass
+    try:
+        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply to rewrite; flatten it") from None
+    out = bytearray()
+    start = 0
+    for match in _LONE_SURROGATES.finditer(text):  # surrogates only ever stand inside JSON strings
+        out += text[start:match.start()].encode()
+        for char in match.group():
+            code = ord(char)
+            out += bytes((code - 0xDC00,)) if 0xDC80 <= code <= 0xDCFF else b"\\u%04x" % code
+        start = match.end()
+    out += text[start:].encode()
+    return bytes(out)

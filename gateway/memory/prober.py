@@ -28,7 +28,19 @@ from gateway.memory.sources.llamacpp import (
     parse_slots,
     profile_from_llama_server,
 )
-from gateway.memory.sources.ollama import LoadedModel, needs_verbose, parse_ps, parse_tags, profile_from_show
+from gateway.memory.sources.ollama import (
+    LoadedModel,
+    TagEntry,
+    needs_verbose,
+    parse_ps,
+    parse_tags,
+    profile_from_show,
+)
+from gateway.single_flight import SingleFlight
+
+RECENT_PROBE_S = 2.0
+"""A model list or profile read this recently answers a request too: a burst of requests probes once, not once each.
+Readings that must follow a change (what /api/ps or /props shows after a load) are asked with no age at all."""
 
 
 class ProbeError(Exception):
@@ -62,10 +74,16 @@ class OllamaProber:
     def __init__(self, session: aiohttp.ClientSession, base_url: str, *, timeout_s: float = 30.0) -> None:
         self._http = _Http(session, base_url, timeout_s, {})
         self._profiles: dict[str, ModelProfile] = {}
+        self._shared: SingleFlight[str, Any] = SingleFlight()
+        self._showing: SingleFlight[str, ModelProfile] = SingleFlight()
         self.show_requests = 0
 
     async def profile(self, model: str) -> ModelProfile:
-        tags = parse_tags(await self._http.request("GET", "/api/tags"))
+        """The model's profile: /api/tags read anew (a re-pulled model's new digest counts at once; requests asking
+        together share one read), /api/show once per digest, however many requests ask at once."""
+        tags_json = await self._shared.run(
+            "/api/tags", lambda: self._http.request("GET", "/api/tags"), join_running=True)
+        tags = parse_tags(tags_json)
         tag = tags.get(model) or tags.get(f"{model}:latest")
         if tag is None:
             raise ProbeError(f"Ollama has no model {model!r}; it has: {', '.join(sorted(tags)) or 'none'}")
@@ -73,6 +91,9 @@ class OllamaProber:
         cached = self._profiles.get(key)
         if cached is not None:
             return cached
+        return await self._showing.run(key, lambda: self._profile_from_show(key, tag), max_age_s=RECENT_PROBE_S)
+
+    async def _profile_from_show(self, key: str, tag: TagEntry) -> ModelProfile:
         try:
             show = await self._show(tag.name, verbose=False)
             if needs_verbose(show):
@@ -95,9 +116,12 @@ class OllamaProber:
             body["options"] = {"num_ctx": num_ctx}
         await self._http.request("POST", "/api/generate", body)
 
-    async def loaded(self) -> list[LoadedModel]:
+    async def loaded(self, *, join_running: bool = False) -> list[LoadedModel]:
+        """Every model /api/ps shows loaded, read anew; with ``join_running`` a read still in flight will do (requests
+        asking together share one), else only reads started since this one was asked (a re-read after a load)."""
+        ps = await self._shared.run("/api/ps", lambda: self._http.request("GET", "/api/ps"), join_running=join_running)
         try:
-            return parse_ps(await self._http.request("GET", "/api/ps"))
+            return parse_ps(ps)
         except ProfileError as exc:
             raise ProbeError(str(exc)) from exc
 
@@ -122,6 +146,7 @@ class LlamaServerProber:
         self._fallback = fallback
         self._configured = (configured_unified, configured_parallel, configured_ctx_size)
         self._gguf_cache: dict[tuple[str, int], GgufSummary] = {}
+        self._shared: SingleFlight[str, Any] = SingleFlight()
 
     async def _summary(self, model_path: str) -> GgufSummary | None:
         path = self._gguf_path or (Path(model_path) if model_path else None)
@@ -136,16 +161,22 @@ class LlamaServerProber:
             self._gguf_cache = {key: await asyncio.to_thread(read_gguf, path)}
         return self._gguf_cache[key]
 
-    async def props(self) -> ServerProps:
-        """/props alone: per-slot context, slot count, model file and alias."""
+    async def props(self, *, max_age_s: float = 0.0) -> ServerProps:
+        """/props alone: per-slot context, slot count, model file and alias (read anew, or at most ``max_age_s``
+        old; reads asked at once share one)."""
         try:
-            return parse_props(await self._http.request("GET", "/props"))
+            return parse_props(await self._get("/props", max_age_s))
         except (ProfileError, ValueError) as exc:
             raise ProbeError(f"llama-server at {self._http.base_url}: {exc}") from exc
 
+    async def _get(self, path: str, max_age_s: float) -> Any:
+        return await self._shared.run(path, lambda: self._http.request("GET", path), max_age_s=max_age_s)
+
     async def profile(self) -> ModelProfile:
+        """The served model's profile, from /props and /v1/models read at most ``RECENT_PROBE_S`` ago (a burst of
+        requests probes once)."""
         props_json, models_json = await asyncio.gather(
-            self._http.request("GET", "/props"), self._http.request("GET", "/v1/models")
+            self._get("/props", RECENT_PROBE_S), self._get("/v1/models", RECENT_PROBE_S)
         )
         try:
             props, meta = parse_props(props_json), parse_models(models_json)

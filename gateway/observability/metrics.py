@@ -17,7 +17,8 @@ gauges are read from the waiting room when scraped (``GET /kvgate/metrics``), so
     kvgate_queue_rejected_total{backend,model,reason}    queue_full | queue_timeout | context
 
 Every ``model`` label is bounded: pool labels are pool keys, and the truncation counter's is the name the backend
-lists (``truncations.model_label``), never a client's string as sent.
+lists (``truncations.model_label``), never a client's string as sent. Every label value is safe text
+(``gateway.text.safe_text``): one that could not be encoded would fail every later scrape.
 """
 
 from __future__ import annotations
@@ -31,8 +32,13 @@ from prometheus_client.registry import Collector
 
 from gateway.admission import PoolSpec, WaitingRoom
 from gateway.observability.truncations import TruncationLog
+from gateway.text import safe_text
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _labels(values: tuple[str, ...]) -> list[str]:
+    return [safe_text(value) for value in values]
 
 
 class _PoolCollector(Collector):
@@ -50,20 +56,20 @@ class _PoolCollector(Collector):
                                      labels=labels)
         rejected = CounterMetricFamily("kvgate_queue_rejected", "Requests the queue refused",
                                        labels=[*labels, "reason"])
-        for (backend, model), pool in self._pools().items():
-            capacity.add_metric([backend, model], pool.pool_tokens)
+        for key, pool in self._pools().items():
+            capacity.add_metric(_labels(key), pool.pool_tokens)
         ledger = self._room.ledger
         stats = self._room.stats()
         for key in {*ledger.keys(), *stats}:
             snapshot = ledger.snapshot(key)
-            active.add_metric(list(key), snapshot.active_sequences)
-            reserved.add_metric(list(key), snapshot.reserved_tokens)
+            active.add_metric(_labels(key), snapshot.active_sequences)
+            reserved.add_metric(_labels(key), snapshot.reserved_tokens)
         for key, stat in stats.items():
-            queued.add_metric(list(key), stat.queued)
-            waited.add_metric(list(key), stat.waited_s_total)
-            rejected.add_metric([*key, "queue_full"], stat.queue_full_total)
-            rejected.add_metric([*key, "queue_timeout"], stat.timed_out_total)
-            rejected.add_metric([*key, "context"], stat.rejected_total)
+            queued.add_metric(_labels(key), stat.queued)
+            waited.add_metric(_labels(key), stat.waited_s_total)
+            rejected.add_metric([*_labels(key), "queue_full"], stat.queue_full_total)
+            rejected.add_metric([*_labels(key), "queue_timeout"], stat.timed_out_total)
+            rejected.add_metric([*_labels(key), "context"], stat.rejected_total)
         yield from (active, reserved, capacity, queued, waited, rejected)
 
 
@@ -95,7 +101,7 @@ class Metrics:
         key = (id(metric), labels)
         found = self._children.get(key)
         if found is None:
-            found = self._children[key] = metric.labels(*labels)
+            found = self._children[key] = metric.labels(*_labels(labels))
         return found
 
     def exposition(self) -> bytes:
@@ -121,14 +127,22 @@ def record(
     child(metrics.requests, route, backend, str(status)).inc()
     child(metrics.tenant_requests, tenant, str(status)).inc()
     child(metrics.duration, route).observe(elapsed_s)
-    tokens = headers.get("X-Kvgate-Prompt-Tokens")
-    if tokens is not None:
+    tokens = headers.get("X-Kvgate-Prompt-Tokens", "")
+    if tokens.isascii() and tokens.isdigit():  # a backend's own header of that name may hold anything
         counter, _, exact = headers.get("X-Kvgate-Counter", "-; -").partition("; ")
         child(metrics.prompt_tokens, backend, counter, exact).inc(int(tokens))
     if "X-Kvgate-Reserved-Tokens" in headers:
         child(metrics.decisions, backend, "admitted").inc()
-        if float(headers.get("X-Kvgate-Queue-Wait", "0")) > 0:
+        if _seconds(headers.get("X-Kvgate-Queue-Wait", "0")) > 0:
             child(metrics.decisions, backend, "queued").inc()
     for header, decision in (("X-Kvgate-Rewrite", "rewritten"), ("X-Kvgate-Trimmed", "trimmed")):
         if header in headers:
             child(metrics.decisions, backend, decision).inc()
+
+
+def _seconds(text: str) -> float:
+    """A number kvgate wrote into a header; 0 for anything else (a backend may send a header of the same name)."""
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0

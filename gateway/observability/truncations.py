@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gateway.backends.models import name_candidates
+from gateway.text import safe_text
 
 RECENT_EVENTS = 20
 OTHER_MODEL = "other"
@@ -56,6 +57,7 @@ class TruncationLog:
         self, *, request_id: str, backend: str, model: str, counted_tokens: int, reported_tokens: int, counter: str
     ) -> TruncationEvent:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._wall_clock()))
+        request_id, backend, model = safe_text(request_id), safe_text(backend), safe_text(model)  # the status page
         event = TruncationEvent(stamp, request_id, backend, model, counted_tokens, reported_tokens, counter)
         key = (backend, model)
         self._counts[key] = self._counts.get(key, 0) + 1

@@ -26,6 +26,9 @@ from gateway.tokens.message_cache import CountCache
 _SAFE_CUT = re.compile(r"\n(?=\S)")
 _CHUNK_CHARS = 16 * 1024
 _THREAD_MIN_CHARS = 32 * 1024
+_BATCH_CHARS = 512 * 1024
+"""Pieces go to the tokenizer in batches of about this many characters: an encoding holds tens of bytes per token
+(ids, token strings, masks), so one batch of a whole 4 MiB prompt would hold hundreds of MB at once."""
 
 
 class TokenizerEngine:
@@ -50,9 +53,11 @@ class TokenizerEngine:
         counts = [0] * len(texts)
         if not pieces:
             return counts
-        encodings = self.tokenizer.encode_batch_fast(pieces, add_special_tokens=False)
-        for owner, encoding in zip(owners, encodings, strict=True):
-            counts[owner] += len(encoding.ids)
+        for start, end in _batches(pieces, _BATCH_CHARS):
+            encodings = self.tokenizer.encode_batch_fast(pieces[start:end], add_special_tokens=False)
+            for owner, encoding in zip(owners[start:end], encodings, strict=True):
+                counts[owner] += len(encoding.ids)
+            del encodings
         return counts
 
     def _split(self, text: str) -> list[str]:
@@ -98,3 +103,18 @@ class TokenizerEngine:
                 self.cache.put(text, count)
             found = [c if c is not None else by_text[texts[i]] for i, c in enumerate(found)]
         return [c if c is not None else 0 for c in found]
+
+
+def _batches(pieces: Sequence[str], max_chars: int) -> list[tuple[int, int]]:
+    """Index ranges of ``pieces``, each of at most ``max_chars`` characters (or one piece, if it is longer)."""
+    ranges: list[tuple[int, int]] = []
+    start = 0
+    chars = 0
+    for index, piece in enumerate(pieces):
+        if index > start and chars + len(piece) > max_chars:
+            ranges.append((start, index))
+            start, chars = index, 0
+        chars += len(piece)
+    if start < len(pieces):
+        ranges.append((start, len(pieces)))
+    return ranges

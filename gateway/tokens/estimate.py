@@ -17,6 +17,8 @@ from gateway.tokens.text import content_text, count_content_images, json_text
 def utf8_length(text: str | bytes) -> int:
     if isinstance(text, bytes):
         return len(text)
+    if text.isascii():  # one byte a character, known without a copy (a 20 MiB prompt is not encoded to measure it)
+        return len(text)
     return len(text.encode("utf-8", errors="surrogatepass"))
 
 

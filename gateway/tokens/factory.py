@@ -36,6 +36,7 @@ class CountingSettings:
     estimate_bytes_per_token: float = 3.0
     estimate_safety_margin: float = 0.10
     message_cache_entries: int = 8192
+    message_cache_chars: int = 16 * 1024 * 1024  # texts a chain's count cache holds, in all (one model's)
 
 
 def build_counter_chain(
@@ -54,7 +55,7 @@ def build_counter_chain(
     detect_template); it lets the GGUF fallback render chats exactly like the server.
     """
     image_tokens = settings.image_tokens.get(model, settings.default_image_tokens)
-    cache = CountCache(max_entries=settings.message_cache_entries)
+    cache = CountCache(max_entries=settings.message_cache_entries, max_chars=settings.message_cache_chars)
     counters: list[Counter] = []
     template = settings.chat_templates.get(model, llama_server_template or AUTO_TEMPLATE)
     if backend_kind == "llama-server":

@@ -18,6 +18,8 @@ from typing import Any
 
 from gateway.domain import Prompt
 from gateway.tokens.count import Counter, Message, TokenCount
+from gateway.tokens.estimate import utf8_length
+from gateway.tokens.text import content_text, json_text
 
 
 async def count_prompt(prompt: Prompt, counter: Counter) -> TokenCount:
@@ -61,3 +63,31 @@ def _sum(parts: Sequence[TokenCount], counter: Counter) -> TokenCount:
     if not parts:
         return TokenCount(0, counter.name, exact=True)
     return TokenCount(sum(p.tokens for p in parts), parts[0].counter, all(p.exact for p in parts))
+
+
+def prompt_bytes(prompt: Prompt) -> int:
+    """UTF-8 bytes of the text a counter would tokenize for ``prompt`` (message contents, reasoning, tool calls,
+    tool schemas; a text prompt's strings): what bounds the work and memory of an exact count. Token ids and
+    images cost nothing here."""
+    if prompt.messages is not None:
+        total = sum(utf8_length(json_text(tool)) for tool in prompt.tools)
+        for message in prompt.messages:
+            if not isinstance(message, Mapping):
+                continue
+            total += utf8_length(content_text(message.get("content")))
+            total += sum(utf8_length(message[key]) for key in ("thinking", "reasoning_content")
+                         if isinstance(message.get(key), str))
+            total += sum(utf8_length(json_text(call)) for call in message.get("tool_calls") or ()
+                         if isinstance(message.get("tool_calls"), Sequence))
+        return total
+    return _text_bytes(prompt.text)
+
+
+def _text_bytes(text: Any) -> int:
+    if isinstance(text, str | bytes):
+        return utf8_length(text)
+    if isinstance(text, Mapping):
+        return _text_bytes(text.get("prompt_string"))
+    if isinstance(text, Sequence):
+        return sum(_text_bytes(part) for part in text)
+    return 0

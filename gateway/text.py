@@ -1,0 +1,23 @@
+"""Client-given text made safe to encode: what reaches metrics labels, the status page, error bodies and logs.
+
+kvgate decodes JSON bodies and headers leniently (invalid UTF-8 becomes lone surrogates, ``surrogateescape``), and
+JSON's ``\\ud83d`` escapes make lone surrogates too. Such a string can't be encoded as UTF-8, so anything that writes
+it out fails; :func:`safe_text` replaces each lone surrogate with U+FFFD (pure, no I/O).
+"""
+
+from __future__ import annotations
+
+import re
+
+REPLACEMENT = "\ufffd"
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def is_safe(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (it holds no lone surrogate)."""
+    return _SURROGATES.search(text) is None
+
+
+def safe_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD; ``text`` itself when it had none."""
+    return text if is_safe(text) else _SURROGATES.sub(REPLACEMENT, text)
