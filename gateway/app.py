@@ -21,7 +21,7 @@ from gateway.backends import BackendRegistry
 from gateway.config import ServerSettings, Settings
 from gateway.counting import Counting
 from gateway.domain import Dialect, Operation
-from gateway.errors import GatewayError
+from gateway.errors import AdminOnly, GatewayError
 from gateway.gate import Gate
 from gateway.knowledge import Knowledge
 from gateway.memory.vram import VramSource
@@ -196,13 +196,6 @@ async def _status(request: web.Request) -> web.Response:
 
 
 ProxiedHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class AdminOnly(GatewayError):
-    """A model-management route (``server.admin_only_management``) asked for without the admin key."""
-
-    status = 403
-    code = "admin_only"
 
 
 def _admin_only(handler: ProxiedHandler, route: Route) -> ProxiedHandler:

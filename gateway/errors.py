@@ -4,10 +4,12 @@
     ├── BadRequest               400  the client sent something the gateway can't accept
     │   └── InvalidField         400  a JSON field is missing or has the wrong type
     ├── Unauthorized             401  no API key, or one no tenant has (when keys are required)
+    ├── ModelNotFound            404  no backend serves the model the request names
+    ├── AdminOnly                403  a model-management route without the admin key
+    ├── RequestTimeout           408  the request body did not arrive within ``server.body_timeout_s``
     ├── PayloadTooLarge          413  the body is over ``server.max_body_bytes``
     ├── UnsupportedMediaType     415  the body has a Content-Encoding kvgate does not decode
     ├── ServerBusy               503  kvgate holds all the request-body bytes it may (with Retry-After)
-    ├── ModelNotFound            404  no backend serves the model the request names
     ├── BackendNotReady          503  the backend's KV pool can't be learned right now (with Retry-After)
     ├── BackendUnavailable       502  the backend refused the connection or broke it before answering
     ├── BackendTimeout           504  the backend did not answer (or stalled) within a configured timeout
@@ -120,3 +122,20 @@ class InternalError(GatewayError):
 
     status = 500
     code = "internal_error"
+
+
+class AdminOnly(GatewayError):
+    """A model-management route (``server.admin_only_management``) asked for without the admin key."""
+
+    status = 403
+    code = "admin_only"
+
+
+class RequestTimeout(GatewayError, TimeoutError):
+    """Raised from a request body's read when the body did not arrive within ``server.body_timeout_s``.
+
+    A ``TimeoutError`` too, so that aiohttp, draining what is left of the body after the answer, takes it as a
+    timeout and closes the connection quietly."""
+
+    status = 408
+    code = "request_timeout"

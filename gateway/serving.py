@@ -41,7 +41,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.config import ServerSettings
-from gateway.errors import GatewayError
+from gateway.errors import RequestTimeout
 from gateway.routes import ROUTES, Handling
 
 log = logging.getLogger(__name__)
@@ -58,16 +58,6 @@ WHOLE_BODY_PATHS = frozenset({*(r.path for r in ROUTES if r.handling is Handling
 _OVER_CAP_BODY = b'{"error": "kvgate has too many open connections (server.max_connections); try again in a second"}'
 _OVER_CAP = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
              b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_OVER_CAP_BODY), _OVER_CAP_BODY))
-
-
-class RequestTimeout(GatewayError, TimeoutError):
-    """Raised from a request body's read when the body did not arrive within ``server.body_timeout_s``.
-
-    A ``TimeoutError`` too, so that aiohttp, draining what is left of the body after the answer, takes it as a
-    timeout and closes the connection quietly."""
-
-    status = 408
-    code = "request_timeout"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ and Anthropic streams end without it.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +50,8 @@ def oai_usage(r: ServerResult) -> dict[str, Any]:
 
 
 @dataclass
-class Format:
-    """Base: the head fields every OpenAI-style object carries."""
+class Format(ABC):
+    """Base: the head fields every OpenAI-style object carries; each route's format writes its own chunks."""
 
     ident: str
     created: int
@@ -63,14 +64,17 @@ class Format:
     def start(self) -> bytes:
         return b""
 
+    @abstractmethod
     def delta(self, piece: str, token: int, r: ServerResult) -> bytes:
-        raise NotImplementedError
+        """See the subclasses."""
 
+    @abstractmethod
     def end(self, r: ServerResult, text: str) -> bytes:
-        raise NotImplementedError
+        """See the subclasses."""
 
+    @abstractmethod
     def body(self, r: ServerResult, text: str) -> dict[str, Any]:
-        raise NotImplementedError
+        """See the subclasses."""
 
     def error_event(self, error: dict[str, Any]) -> bytes:
         return sse(error)
