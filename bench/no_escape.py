@@ -29,8 +29,8 @@ import orjson
 
 from gateway.app import create_app, start_server
 from gateway.config import load_settings
-from gateway.sim.config import SimConfig
-from gateway.sim.runner import start_sim
+from kvsim.config import SimConfig
+from kvsim.runner import start_sim
 
 CONCURRENCY = 8
 SIM = SimConfig(mode="llama-server", ctx_size=4096, n_parallel=-1, load_s=0.0, time_scale=20.0,

@@ -15,30 +15,31 @@ import aiohttp
 from aiohttp import web
 from pydantic import SecretStr
 
-from gateway import dialects, kvgate_api, targets
+from gateway import dialects, targets
 from gateway.admission import Ledger, WaitingRoom
+from gateway.admission.admit import Admitter
+from gateway.admission.pools import PoolDirectory, unadmitted_reason
+from gateway.admission.tenants import TenantDirectory
+from gateway.api import kvgate as kvgate_api
 from gateway.backends import BackendRegistry
+from gateway.backends.probes import BackendProbes
 from gateway.config import ServerSettings, Settings
-from gateway.counting import Counting
 from gateway.domain import Dialect, Operation
 from gateway.errors import AdminOnly, GatewayError
-from gateway.gate import Gate
-from gateway.knowledge import Knowledge
 from gateway.memory.vram import VramSource
 from gateway.observability.metrics import CONTENT_TYPE, Metrics
-from gateway.pools import PoolDirectory, unadmitted_reason
 from gateway.proxy import Proxy
 from gateway.routes import FALLBACK, ROUTES, Route
 from gateway.serving import CONNECTIONS, ClientLimits, ConnectionCollector, Connections, GuardedRunner
-from gateway.tenants import TenantDirectory
+from gateway.tokens.prompt_counter import PromptCounter
 
 SETTINGS = web.AppKey("settings", Settings)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 REGISTRY = web.AppKey("registry", BackendRegistry)
 PROXY = web.AppKey("proxy", Proxy)
-KNOWLEDGE = web.AppKey("knowledge", Knowledge)
-COUNTING = web.AppKey("counting", Counting)
-GATE = web.AppKey("gate", Gate)
+PROBES = web.AppKey("probes", BackendProbes)
+PROMPT_COUNTER = web.AppKey("prompt_counter", PromptCounter)
+ADMITTER = web.AppKey("admitter", Admitter)
 POOLS = web.AppKey("pools", PoolDirectory)
 log = logging.getLogger(__name__)
 METRICS = web.AppKey("metrics", Metrics)
@@ -90,19 +91,19 @@ def create_app(
         registry = BackendRegistry(settings, session, clock=clock)
         app[SESSION] = session
         app[REGISTRY] = registry
-        app[COUNTING] = Counting(settings, session)
-        app[KNOWLEDGE] = Knowledge(session, vram_sources)
-        pools = PoolDirectory(settings, app[KNOWLEDGE])
+        app[PROMPT_COUNTER] = PromptCounter(settings, session)
+        app[PROBES] = BackendProbes(session, vram_sources)
+        pools = PoolDirectory(settings, app[PROBES])
         for backend in registry.backends:
             reason = unadmitted_reason(backend) if settings.admission.enabled else "admission is off"
             if reason is not None:
                 log.warning("%s", reason)
         checks = asyncio.gather(*(pools.check_configured(backend) for backend in registry.backends))
         room = WaitingRoom(Ledger())
-        app[GATE] = Gate(settings.admission, pools, room)
+        app[ADMITTER] = Admitter(settings.admission, pools, room)
         metrics.watch_pools(room, pools.known)
         app[POOLS] = pools
-        app[PROXY] = Proxy(settings, registry, session, app[COUNTING], app[GATE], metrics, tenants)
+        app[PROXY] = Proxy(settings, registry, session, app[PROMPT_COUNTER], app[ADMITTER], metrics, tenants)
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
         yield
         checks.cancel()
@@ -116,8 +117,8 @@ def create_app(
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/kvgate/health", kvgate_api.health, allow_head=True)
-    fit = kvgate_api.fit_handler(lambda r: (r.app[REGISTRY], r.app[KNOWLEDGE]))
-    count = kvgate_api.count_handler(lambda r: (r.app[REGISTRY], r.app[COUNTING]))
+    fit = kvgate_api.fit_handler(lambda r: (r.app[REGISTRY], r.app[PROBES]))
+    count = kvgate_api.count_handler(lambda r: (r.app[REGISTRY], r.app[PROMPT_COUNTER]))
     app.router.add_get("/kvgate/fit", _for_tenants(fit))
     app.router.add_post("/kvgate/count", _for_tenants(count))
     app.router.add_get("/kvgate/metrics", _metrics)
@@ -188,8 +189,8 @@ async def _status(request: web.Request) -> web.Response:
         notes[backend.name] = [reason] if reason else []
     for (backend_name, _), message in pools.disagreements.items():
         notes.setdefault(backend_name, []).append(message)
-    status = kvgate_api.status_snapshot(app[REGISTRY], app[GATE].room, pools.known(), time.monotonic() - app[STARTED],
-                                        app[METRICS].truncation_log.snapshot(), notes)
+    status = kvgate_api.status_snapshot(app[REGISTRY], app[ADMITTER].room, pools.known(),
+                                        time.monotonic() - app[STARTED], app[METRICS].truncation_log.snapshot(), notes)
     if "text/html" in request.headers.get("Accept", ""):
         return web.Response(text=kvgate_api.status_html(status), content_type="text/html")
     return web.json_response(status)
@@ -261,7 +262,7 @@ async def start_server(app: web.Application, host: str, port: int) -> tuple[web.
     connections get the header and body deadlines and the cap of ``gateway.serving`` (an app not built by
     ``create_app``, like a test's fake backend, gets the default settings)."""
     connections = app.get(CONNECTIONS) or Connections(ClientLimits.from_settings(ServerSettings()))
-    # auto_decompress=False: request bodies arrive as sent; kvgate decodes those it reads (gateway.body_encoding,
+    # auto_decompress=False: request bodies arrive as sent; kvgate decodes those it reads (gateway.body.encoding,
     # bounded) and passes the others through with their Content-Encoding
     runner = GuardedRunner(app, connections, handler_cancellation=True, access_log=None, auto_decompress=False)
     await runner.setup()

@@ -20,7 +20,7 @@ from gateway import __version__, demo_cli
 from gateway.config import ConfigError, Settings, load_settings, parse_backend_flag, unknown_environment
 from gateway.memory import estimate_cli
 from gateway.observability.logs import configure_logging
-from gateway.sim.runner import add_sim_arguments, run_sim_forever, sim_config_from_args
+from kvsim.runner import add_sim_arguments, run_sim_forever, sim_config_from_args
 
 log = logging.getLogger("gateway")
 

@@ -16,9 +16,9 @@ from typing import TextIO
 
 from gateway.app import create_app, start_server
 from gateway.config import load_settings
-from gateway.sim import demo
-from gateway.sim.workload import Outcome
-from gateway.sim.workload_report import render_comparison, render_outcomes
+from kvsim import demo
+from kvsim.workload import Outcome
+from kvsim.workload_report import render_comparison, render_outcomes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,6 +14,14 @@ HOP_BY_HOP = frozenset(
     )
 )
 REQUEST_ID = "X-Request-ID"
+NDJSON = "application/x-ndjson"
+SSE = "text/event-stream"
+
+
+def stream_kind(content_type: str) -> str | None:
+    """``NDJSON``, ``SSE`` or None for a Content-Type header value."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media if media in (NDJSON, SSE) else None
 
 
 def _connection_listed(headers: Mapping[str, str]) -> frozenset[str]:

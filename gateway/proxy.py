@@ -20,25 +20,26 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway import dialects, truncation
+from gateway import dialects
 from gateway.admission import AdmissionRejected
+from gateway.admission.admit import Admitter
+from gateway.admission.tenants import Tenant, TenantDirectory
 from gateway.backends import Backend, BackendRegistry, models
-from gateway.body_budget import BodyBudget, BodyLease
-from gateway.body_encoding import BodyDecoder, coding_of
+from gateway.body.budget import BodyBudget, BodyLease
+from gateway.body.encoding import BodyDecoder, coding_of
 from gateway.config import Settings
-from gateway.counting import Counting, count_headers
 from gateway.domain import KV_OPERATIONS, BackendKind, Dialect, Operation, ParsedRequest
 from gateway.errors import BackendTimeout, BackendUnavailable, GatewayError, InternalError, PayloadTooLarge
-from gateway.gate import Gate
 from gateway.headers import REQUEST_ID, upstream_request_headers
+from gateway.observability import truncation
 from gateway.observability.logs import request_id_var, sanitize
 from gateway.observability.metrics import Metrics, record, record_truncation
 from gateway.observability.truncations import model_label
+from gateway.observability.usage import UsageObserver
 from gateway.routes import FALLBACK, Handling, Route, fallback_dialect
 from gateway.streaming import relay
-from gateway.tenants import Tenant, TenantDirectory
 from gateway.tokens import TokenCount
-from gateway.usage import UsageObserver
+from gateway.tokens.prompt_counter import PromptCounter, count_headers
 
 log = logging.getLogger("gateway.proxy")
 
@@ -72,8 +73,8 @@ class Proxy:
         settings: Settings,
         registry: BackendRegistry,
         session: aiohttp.ClientSession,
-        counting: Counting,
-        gate: Gate,
+        counter: PromptCounter,
+        admitter: Admitter,
         metrics: Metrics,
         tenants: TenantDirectory,
         clock: Callable[[], float] = time.perf_counter,
@@ -81,8 +82,8 @@ class Proxy:
         self._settings = settings
         self._registry = registry
         self._session = session
-        self._counting = counting
-        self._gate = gate
+        self._counter = counter
+        self._admitter = admitter
         self._metrics = metrics
         self._tenants = tenants
         self._clock = clock
@@ -161,13 +162,13 @@ class Proxy:
             finally:
                 self._after_load_request(parsed, backend)
         model = await self._registry.target_model(backend, parsed.model)
-        pool = await self._gate.pool_for(backend, model)
+        pool = await self._admitter.pool_for(backend, model)
         model = pool.model if pool is not None else model
-        count = await self._counting.count(parsed, backend, model)
+        count = await self._counter.count(parsed, backend, model)
         observer = UsageObserver() if count is not None else None  # every counted reply: truncation check
-        admission = await self._gate.admit(
+        admission = await self._admitter.admit(
             parsed, raw, pool, count, tenant, lambda: _gone(request),
-            lambda changed: self._counting.count(
+            lambda changed: self._counter.count(
                 changed, backend, model, budget_s=self._settings.counting.refusal_count_wait_s),
         )
         try:
@@ -176,7 +177,7 @@ class Proxy:
         finally:
             admission.release()
             if backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
-                self._gate.model_may_have_reloaded(backend, model, at_default=True)  # /v1: Ollama's default
+                self._admitter.model_may_have_reloaded(backend, model, at_default=True)  # /v1: Ollama's default
         if observer is not None and count is not None and response.status == 200:
             await self._observe(parsed, backend, count, observer.prompt_tokens(), response.headers, model)
         return response
@@ -184,7 +185,7 @@ class Proxy:
     def _after_load_request(self, parsed: ParsedRequest, backend: Backend) -> None:
         """An Ollama chat or generate without a prompt loads (or unloads) the model: its context is read anew."""
         if backend.kind is BackendKind.OLLAMA and parsed.operation in KV_OPERATIONS and parsed.model:
-            self._gate.model_may_have_reloaded(backend, parsed.model)
+            self._admitter.model_may_have_reloaded(backend, parsed.model)
 
     async def _observe(
         self, parsed: ParsedRequest, backend: Backend, count: TokenCount, seen: int | None, sent: Mapping[str, str],
@@ -200,7 +201,7 @@ class Proxy:
         if found is not None and found.counter == ESTIMATE_COUNTER:
             # a byte estimate can run high by more than any tolerance: count the prompt for real before calling the
             # backend's figure a truncation (the client is served; the tokenizer has had time to load)
-            recounted = await self._counting.count(parsed, backend, model,
+            recounted = await self._counter.count(parsed, backend, model,
                                                    budget_s=self._settings.counting.refusal_count_wait_s)
             if recounted.counter != ESTIMATE_COUNTER and "X-Kvgate-Trimmed" not in sent:
                 found = truncation.detect(recounted.tokens, seen, exact=recounted.exact, estimate_margin=margin,
@@ -208,7 +209,7 @@ class Proxy:
         if found is not None:
             self._report_truncation(parsed, backend, model, found)
         if count.counter != ESTIMATE_COUNTER and not count.exact and backend.kind is BackendKind.OLLAMA:
-            await self._counting.calibrate(parsed, backend, model, seen)  # an exact count has nothing to learn
+            await self._counter.calibrate(parsed, backend, model, seen)  # an exact count has nothing to learn
 
     def _report_truncation(
         self, parsed: ParsedRequest, backend: Backend, model: str, found: truncation.Truncation
@@ -279,7 +280,7 @@ class Proxy:
         headers = upstream_request_headers(
             request.headers, host=backend.host_header, request_id=request_id, api_key=backend.api_key,
             client_ip=request.remote, strip_client_keys=self._tenants.enabled,
-            body_decoded=isinstance(body, bytes),  # a body kvgate read is forwarded decoded (gateway.body_encoding)
+            body_decoded=isinstance(body, bytes),  # a body kvgate read is forwarded decoded (gateway.body.encoding)
         )
         upstream = await self._open(request.method, backend, request.raw_path, headers, body)
         try:

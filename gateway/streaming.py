@@ -34,10 +34,9 @@ from aiohttp import web
 from gateway import dialects
 from gateway.domain import Dialect
 from gateway.errors import BackendTimeout, BackendUnavailable, GatewayError
-from gateway.framing import stream_kind
-from gateway.headers import downstream_response_headers
+from gateway.headers import downstream_response_headers, stream_kind
+from gateway.observability.usage import UsageObserver
 from gateway.serving import CONNECTIONS
-from gateway.usage import UsageObserver
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,10 @@ WaitingRoom: admit / acquire / release / stats                   the only async 
 
 from gateway.admission.errors import AdmissionRejected
 from gateway.admission.ledger import Ledger, Reservation
-from gateway.admission.model import (
+from gateway.admission.permit import Permit
+from gateway.admission.planner import plan, reserved_prompt_tokens
+from gateway.admission.stats import QueueStats, WaiterView
+from gateway.admission.types import (
     Admit,
     Decision,
     LedgerSnapshot,
@@ -19,9 +22,6 @@ from gateway.admission.model import (
     Rewrites,
     Wait,
 )
-from gateway.admission.permit import Permit
-from gateway.admission.planner import plan, reserved_prompt_tokens
-from gateway.admission.stats import QueueStats, WaiterView
 from gateway.admission.waiting_room import WaitingRoom
 
 __all__ = [

@@ -13,7 +13,7 @@ Queue timeouts are 503, not 504: nothing upstream was slow, the gateway is at ca
 
 from __future__ import annotations
 
-from gateway.admission.model import PoolKey, Reject
+from gateway.admission.types import PoolKey, Reject
 from gateway.errors import GatewayError
 
 QUEUE_FULL = "queue_full"

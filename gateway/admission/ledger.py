@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from gateway.admission.model import LedgerSnapshot, PoolKey
+from gateway.admission.types import LedgerSnapshot, PoolKey
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 from gateway.admission.ledger import Reservation
-from gateway.admission.model import Admit
+from gateway.admission.types import Admit
 
 
 class Permit:

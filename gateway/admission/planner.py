@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gateway.admission.model import (
+from gateway.admission.types import (
     Admit,
     Decision,
     LedgerSnapshot,

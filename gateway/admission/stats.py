@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.admission.model import PoolKey
+from gateway.admission.types import PoolKey
 
 
 @dataclass(frozen=True, slots=True)

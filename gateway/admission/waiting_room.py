@@ -44,10 +44,10 @@ from dataclasses import dataclass
 from gateway.admission import errors
 from gateway.admission.errors import AdmissionRejected
 from gateway.admission.ledger import Ledger, Reservation
-from gateway.admission.model import Admit, Policy, PoolKey, PoolSpec, Reject, RequestCost, Wait
 from gateway.admission.permit import Permit
 from gateway.admission.planner import plan
 from gateway.admission.stats import QueueCounters, QueueStats, WaiterView
+from gateway.admission.types import Admit, Policy, PoolKey, PoolSpec, Reject, RequestCost, Wait
 
 Clock = Callable[[], float]
 

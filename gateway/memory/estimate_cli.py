@@ -15,10 +15,10 @@ from typing import TextIO
 import aiohttp
 import orjson
 
+from gateway.backends.prober import LlamaServerProber, OllamaProber, ProbeError, detect_backend
 from gateway.memory.estimate import Estimate, estimate
 from gateway.memory.kv import ALLOWED_CACHE_TYPES, CacheType, ShapeError, parse_cache_type
 from gateway.memory.presets import find_preset, preset_names, preset_profile
-from gateway.memory.prober import LlamaServerProber, OllamaProber, ProbeError, detect_backend
 from gateway.memory.profile import ModelProfile
 from gateway.memory.render import render_table
 from gateway.memory.sources.gguf import profile_from_gguf

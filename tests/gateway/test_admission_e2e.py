@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.sim.config import SimConfig
-from gateway.sim.runner import start_sim
+from kvsim.config import SimConfig
+from kvsim.runner import start_sim
 from tests.support.gateway_server import running_gateway
 from tests.support.llama_server import RunningLlamaServer, run_llama_server
 from tests.support.tinymodel import write_tiny_model

@@ -31,8 +31,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.body_budget import BodyBudget, fits
-from gateway.body_encoding import BodyDecoder, coding_of
+from gateway.body.budget import BodyBudget, fits
+from gateway.body.encoding import BodyDecoder, coding_of
 from gateway.errors import BadRequest, PayloadTooLarge, ServerBusy, UnsupportedMediaType
 from gateway.headers import upstream_request_headers
 from tests.support.fake_llm import FakeLLM, running
@@ -359,9 +359,9 @@ async def test_a_prompt_over_the_exact_count_bound_is_estimated_and_admitted(tmp
 
 
 async def test_counter_chains_for_unlisted_names_are_bounded() -> None:
-    from gateway.app import COUNTING, create_app, start_server
+    from gateway.app import PROMPT_COUNTER, create_app, start_server
     from gateway.config import load_settings
-    from gateway.counting import UNLISTED_CHAINS
+    from gateway.tokens.prompt_counter import UNLISTED_CHAINS
 
     async with running(FakeLLM()) as fake:
         settings = load_settings(None, backends=[{"name": "o", "kind": "openai", "url": fake.url}])
@@ -375,7 +375,7 @@ async def test_counter_chains_for_unlisted_names_are_bounded() -> None:
                                          json=body) as response:
                         assert response.status == 200
                         assert (await response.json())["counter"] == "estimate"
-            assert app[COUNTING].chains_held() <= UNLISTED_CHAINS
+            assert app[PROMPT_COUNTER].chains_held() <= UNLISTED_CHAINS
         finally:
             await runner.cleanup()
 

@@ -132,8 +132,8 @@ async def test_streaming_through_kvgate_to_a_real_llama_server(gateway: str) -> 
 
 
 async def test_no_request_waits_for_a_tokenizer_build(tmp_path: Path) -> None:
-    from gateway.sim.config import SimConfig
-    from gateway.sim.runner import start_sim
+    from kvsim.config import SimConfig
+    from kvsim.runner import start_sim
 
     runner, sim = await start_sim(SimConfig(models=("llama3.1:8b",), load_s=0.05, time_scale=50.0,
                                             min_response_tokens=2, max_response_tokens=3))

@@ -26,12 +26,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.sim.catalog import lookup, select
-from gateway.sim.config import SimConfig
-from gateway.sim.runner import start_sim
-from gateway.sim.templates import Message, render
-from gateway.sim.vocab import tokenizer_for
-from gateway.truncation import tolerance_tokens
+from gateway.observability.truncation import tolerance_tokens
+from kvsim.catalog import lookup, select
+from kvsim.config import SimConfig
+from kvsim.runner import start_sim
+from kvsim.templates import Message, render
+from kvsim.vocab import tokenizer_for
 from tests.support.gateway_server import running_gateway
 
 CONTEXT_TOKENS = 4096

@@ -71,8 +71,8 @@ async def test_fit_refuses_nonsense_naming_the_value(gateway: str, query: str, e
 
 
 async def test_fit_against_the_simulator_uses_its_profile_live_vram_and_ps_calibration() -> None:
-    from gateway.sim.config import SimConfig
-    from gateway.sim.runner import start_sim
+    from kvsim.config import SimConfig
+    from kvsim.runner import start_sim
 
     runner, sim = await start_sim(SimConfig(models=("llama3.1:8b", "qwen2.5:7b"), load_s=0.05, time_scale=50.0))
     backend = {"name": "sim", "url": sim, "vram": "sim", "vram_refresh_s": 0.01, "parallel": 1}

@@ -13,16 +13,16 @@ from hypothesis import strategies as st
 
 from gateway import dialects
 from gateway.admission import Ledger, PoolKey, WaitingRoom
+from gateway.admission.tenants import ANONYMOUS, TenantDirectory
+from gateway.api.kvgate import status_html
 from gateway.backends.registry import Backend
 from gateway.config import BackendSettings, load_settings
 from gateway.domain import Dialect, Operation
 from gateway.errors import BadRequest, InvalidField, Unauthorized
 from gateway.fitting.rewrite import encode_body
-from gateway.kvgate_api import status_html
 from gateway.observability.metrics import Metrics, record
 from gateway.observability.truncations import TruncationLog
 from gateway.targets import target_problem
-from gateway.tenants import ANONYMOUS, TenantDirectory
 from gateway.text import safe_text
 from tests.support.fake_llm import FakeLLM, running
 from tests.support.gateway_server import running_gateway

@@ -24,8 +24,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from gateway.sim.config import SimConfig
-from gateway.sim.runner import start_sim
+from kvsim.config import SimConfig
+from kvsim.runner import start_sim
 from tests.support.fake_llm import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
 

@@ -8,8 +8,8 @@ import aiohttp
 import pytest
 
 from gateway.observability.logs import sanitize
-from gateway.sim.config import SimConfig
-from gateway.sim.runner import start_sim
+from kvsim.config import SimConfig
+from kvsim.runner import start_sim
 from tests.support.gateway_server import running_gateway
 
 

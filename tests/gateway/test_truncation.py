@@ -16,10 +16,7 @@ import pytest
 from aiohttp import web
 
 import gateway
-from gateway.observability.truncations import OTHER_MODEL, TruncationLog, model_label
-from gateway.sim.config import SimConfig
-from gateway.sim.runner import start_sim
-from gateway.truncation import (
+from gateway.observability.truncation import (
     EXACT_SLACK_TOKENS,
     INEXACT_SLACK_TOKENS,
     TRUNCATED_HEADER,
@@ -27,6 +24,9 @@ from gateway.truncation import (
     detect,
     tolerance_tokens,
 )
+from gateway.observability.truncations import OTHER_MODEL, TruncationLog, model_label
+from kvsim.config import SimConfig
+from kvsim.runner import start_sim
 from tests.support.gateway_server import running_gateway
 
 VOCAB = Path(gateway.__file__).parent / "data" / "vocab"

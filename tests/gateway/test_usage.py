@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.usage import TAIL_BYTES, UsageObserver
+from gateway.observability.usage import TAIL_BYTES, UsageObserver
 
 NDJSON_BODY = b'{"done":false}\n{"done":true,"prompt_eval_count":42}\n'
 SSE_BODY = (b'data: {"choices":[{"delta":{}}]}\n\n'

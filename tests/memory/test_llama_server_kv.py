@@ -16,11 +16,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.backends.prober import LlamaServerProber, detect_backend
 from gateway.memory.gguf_file import read_gguf
 from gateway.memory.kv import CacheType, KvLayout, ModelShape, kv_cache_parts, llama_server_layout
 from gateway.memory.llama_log import bytes_to_logged_mib, parse_buffers, parse_kv_caches, parse_slots
 from gateway.memory.load_cost import estimate_compute_bytes, output_buffer_bytes
-from gateway.memory.prober import LlamaServerProber, detect_backend
 from gateway.memory.sources.gguf import profile_from_summary
 from tests.support.llama_server import RunningLlamaServer, run_llama_server
 from tests.support.tinymodel import write_tiny_model

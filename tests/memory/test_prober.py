@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from gateway.backends.prober import LlamaServerProber, OllamaProber, ProbeError, detect_backend
 from gateway.memory.kv import kv_bytes_per_token
-from gateway.memory.prober import LlamaServerProber, OllamaProber, ProbeError, detect_backend
 from tests.memory.loopback import serve
 from tests.memory.ollama_fake import FakeOllama
 from tests.support.tinymodel import write_tiny_model

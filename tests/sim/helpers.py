@@ -9,9 +9,9 @@ from typing import Any
 
 import aiohttp
 
-from gateway.sim.config import SimConfig
-from gateway.sim.runner import start_sim
-from gateway.sim.vgpu import GIB
+from kvsim.config import SimConfig
+from kvsim.runner import start_sim
+from kvsim.vgpu import GIB
 
 FAST = SimConfig(
     models=("llama3.1:8b", "qwen2.5:7b", "nomic-embed-text"),

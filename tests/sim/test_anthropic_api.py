@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.sim.templates import Message
+from kvsim.templates import Message
 from tests.sim.helpers import GIB, fast, get, post, post_raw, sim_session
 from tests.sim.test_ollama_api import HELLO_TOKENS
 from tests.sim.test_responses_api import PHI3, sse_events, tokens_of

@@ -7,9 +7,9 @@ import pytest
 from gateway.memory.kv import CacheType, kv_bytes_per_token, ollama_kv_cache_bytes
 from gateway.memory.metadata import shape_from_metadata
 from gateway.memory.presets import PRESETS
-from gateway.sim.catalog import CATALOG, DEFAULT_MODELS, human_number, model_info, select
-from gateway.sim.vocab import tokenizer_for
-from gateway.sim.weights import FileType, tensor_type, tensors
+from kvsim.catalog import CATALOG, DEFAULT_MODELS, human_number, model_info, select
+from kvsim.vocab import tokenizer_for
+from kvsim.weights import FileType, tensor_type, tensors
 
 MIB = 2**20
 GB = 10**9

@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.sim.catalog import CATALOG
-from gateway.sim.templates import Message, render
-from gateway.sim.vocab import tokenizer_for
+from kvsim.catalog import CATALOG
+from kvsim.templates import Message, render
+from kvsim.vocab import tokenizer_for
 from tests.sim.helpers import chat_body, fast, get, post, post_raw, sim_session
 
 HELLO_TOKENS = len(

@@ -11,8 +11,8 @@ import aiohttp
 import orjson
 
 from gateway.memory.kv import ollama_kv_cache_bytes
-from gateway.sim.catalog import CATALOG
-from gateway.sim.load_cost import compute_bytes
+from kvsim.catalog import CATALOG
+from kvsim.load_cost import compute_bytes
 from tests.sim.helpers import GIB, chat_body, fast, get, post, sim_session
 
 LLAMA = CATALOG["llama3.1:8b"]

@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from gateway.sim.catalog import CATALOG
-from gateway.sim.failures import SimError
-from gateway.sim.godur import FOREVER_S, DurationError, parse_go_duration, parse_keep_alive
-from gateway.sim.gojson import dumps, read_object
-from gateway.sim.load_cost import auto_batch_e3, batch_surcharge, place, predicted_vram_e3
-from gateway.sim.options import LoadedState, OptionError, parse_options, schedule_num_ctx
-from gateway.sim.options import needs_reload as reload_needed
-from gateway.sim.prompting import (
+from kvsim.catalog import CATALOG
+from kvsim.failures import SimError
+from kvsim.godur import FOREVER_S, DurationError, parse_go_duration, parse_keep_alive
+from kvsim.gojson import dumps, read_object
+from kvsim.load_cost import auto_batch_e3, batch_surcharge, place, predicted_vram_e3
+from kvsim.options import LoadedState, OptionError, parse_options, schedule_num_ctx
+from kvsim.options import needs_reload as reload_needed
+from kvsim.prompting import (
     INPUT_TOO_LONG,
     PROMPT_TOO_LONG,
     chat_prompt,
@@ -22,9 +22,9 @@ from gateway.sim.prompting import (
     fit_tokens_e2,
     fit_tokens_e3,
 )
-from gateway.sim.templates import Message, collate, render
-from gateway.sim.vgpu import GIB, DeviceSpec, VirtualGpu
-from gateway.sim.vocab import tokenizer_for
+from kvsim.templates import Message, collate, render
+from kvsim.vgpu import GIB, DeviceSpec, VirtualGpu
+from kvsim.vocab import tokenizer_for
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ from typing import Any
 
 import orjson
 
-from gateway.sim.catalog import CATALOG
-from gateway.sim.templates import Message, render
-from gateway.sim.vocab import tokenizer_for
+from kvsim.catalog import CATALOG
+from kvsim.templates import Message, render
+from kvsim.vocab import tokenizer_for
 from tests.sim.helpers import GIB, fast, get, post, post_raw, sim_session
 from tests.sim.test_ollama_api import HELLO_TOKENS
 

@@ -6,10 +6,10 @@ import argparse
 
 import pytest
 
-from gateway.sim.config import SimConfig
-from gateway.sim.godur import FOREVER_S
-from gateway.sim.runner import add_sim_arguments, sim_config_from_args
-from gateway.sim.vgpu import GIB
+from kvsim.config import SimConfig
+from kvsim.godur import FOREVER_S
+from kvsim.runner import add_sim_arguments, sim_config_from_args
+from kvsim.vgpu import GIB
 
 
 def parse(*argv: str) -> SimConfig:

@@ -6,9 +6,9 @@ import aiohttp
 import pytest
 
 from gateway.memory.vram import VramReading, VramSource, VramUnavailable
-from gateway.sim.app import build_state
-from gateway.sim.runner import start_sim
-from gateway.sim.vram import HttpSimVramSource, SimVramSource, vram_source_of
+from kvsim.app import build_state
+from kvsim.runner import start_sim
+from kvsim.vram import HttpSimVramSource, SimVramSource, vram_source_of
 from tests.sim.helpers import GIB, chat_body, fast, get, post, running_sim
 
 

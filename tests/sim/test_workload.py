@@ -6,9 +6,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from gateway.sim.demo import compare
-from gateway.sim.templates import Message
-from gateway.sim.workload import (
+from kvsim.demo import compare
+from kvsim.templates import Message
+from kvsim.workload import (
     Call,
     Outcome,
     RunReport,
@@ -17,7 +17,7 @@ from gateway.sim.workload import (
     known_prompt_tokens,
     run_workload,
 )
-from gateway.sim.workload_report import render_comparison, render_outcomes
+from kvsim.workload_report import render_comparison, render_outcomes
 from tests.sim.helpers import fast, running_sim
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.sim.go_templates import GO_TEMPLATES
 from gateway.tokens.gotemplate import OllamaTemplate, TemplateError
+from kvsim.go_templates import GO_TEMPLATES
 
 TODAY = dt.date(2025, 6, 1)
 USER = [{"role": "user", "content": "hi"}]

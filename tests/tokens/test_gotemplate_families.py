@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from gateway.sim.go_templates import GO_TEMPLATES
-from gateway.sim.templates import Message as SimMessage
-from gateway.sim.templates import render as sim_render
 from gateway.tokens.gotemplate import OllamaTemplate
+from kvsim.go_templates import GO_TEMPLATES
+from kvsim.templates import Message as SimMessage
+from kvsim.templates import render as sim_render
 
 TODAY = dt.date(2025, 6, 1)
 FAMILIES = ("llama3", "qwen2", "gemma3", "mistral", "phi3", "none")

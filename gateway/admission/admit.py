@@ -1,0 +1,213 @@
+"""The admission step of the request path: cost -> plan -> rewrite -> reserve (or wait, or refuse).
+
+It holds the glue between the proxy and the pure admission core: it builds the request's cost from its count and
+limits, finds the model's KV pool, waits in the waiting room for a permit, and rewrites the body as the planner
+said. The permit travels with the response and is released exactly once, when the response ends for any reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gateway import dialects
+from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, Rewrites, WaitingRoom
+from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
+from gateway.admission.pools import PoolDirectory
+from gateway.admission.tenants import Tenant
+from gateway.backends import Backend
+from gateway.config import AdmissionConfig
+from gateway.domain import ParsedRequest
+from gateway.errors import BadRequest
+from gateway.fitting.rewrite import apply_rewrites, encode_body
+from gateway.fitting.trim import trim_history
+from gateway.tokens import TokenCount
+from gateway.tokens.prompt_counter import count_headers
+
+Recount = Callable[[ParsedRequest], Awaitable[TokenCount]]
+
+
+def policy_from(config: AdmissionConfig) -> Policy:
+    return Policy(
+        default_output_tokens=config.default_output_tokens,
+        estimate_margin=config.estimate_margin,
+        pin_num_ctx=config.pin_num_ctx,
+        clamp_output=config.clamp_output,
+        max_queue=config.max_queue,
+        queue_timeout_s=config.queue_timeout_s,
+        per_tenant_max_active=config.per_tenant_max_active,
+        overtake_window_s=config.overtake_window_s,
+    )
+
+
+@dataclass
+class Admission:
+    """What to forward: the body (rewritten or the client's own) and headers telling the client what happened."""
+
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    permit: Permit | None = None
+
+    def release(self) -> None:
+        if self.permit is not None:
+            self.permit.release()
+
+
+def _tenant_capped(parsed: ParsedRequest, raw: bytes, cap: int | None) -> Admission:
+    """Without a pool to plan against, only the tenant's output cap applies."""
+    body, changes = apply_rewrites(parsed, Rewrites(max_output_tokens=cap))
+    if body is None:
+        return Admission(raw)
+    return Admission(encode_body(body), {"X-Kvgate-Rewrite": "; ".join(changes)})
+
+
+def _check_prompt_cap(tenant: Tenant, count: TokenCount) -> None:
+    cap = tenant.max_prompt_tokens
+    if cap is not None and count.tokens > cap:
+        raise BadRequest(f"prompt is {count.tokens:,} tokens; tenant '{tenant.name}' allows {cap:,}; shorten it or "
+                         "ask for a larger cap")
+
+
+def _output_cap(parsed: ParsedRequest, tenant: Tenant) -> tuple[int | None, bool]:
+    """The output limit to plan with (the client's, lowered to the tenant's cap) and whether the cap lowered it."""
+    limit = parsed.output.tokens
+    cap = tenant.max_output_tokens
+    if cap is not None and (limit is None or limit > cap):
+        return cap, True
+    return limit, False
+
+
+class Admitter:
+    def __init__(self, config: AdmissionConfig, pools: PoolDirectory, room: WaitingRoom) -> None:
+        self._config = config
+        self._policy = policy_from(config)
+        self._pools = pools
+        self.room = room
+
+    async def pool_for(self, backend: Backend, model: str | None) -> PoolSpec | None:
+        """The pool a KV-allocating request lands in; None when admission is off or the backend is forwarded
+        without it. Raises BackendNotReady (503) rather than answer None for a backend it can't probe now."""
+        if not self._config.enabled:
+            return None
+        return await self._pools.pool_for(backend, model)
+
+    def model_may_have_reloaded(self, backend: Backend, model: str | None, *, at_default: bool = False) -> None:
+        """After a request that may have (re)loaded a model at another context (``at_default``: at Ollama's own
+        default, as /v1 requests do), its layout is read anew."""
+        if not model:
+            return
+        if at_default:
+            self._pools.after_default_load(backend, model)
+        else:
+            self._pools.mark_stale(backend, model)
+
+    async def admit(
+        self,
+        parsed: ParsedRequest,
+        raw: bytes,
+        pool: PoolSpec | None,
+        count: TokenCount,
+        tenant: Tenant,
+        is_disconnected: Callable[[], bool],
+        recount: Recount,
+    ) -> Admission:
+        """Reserve the request's sequences in ``pool`` (waiting if it must) and rewrite its body as planned.
+
+        Nothing is refused on an estimate: a prompt that looks too long (for the tenant's cap or the context) is
+        counted for real first (``recount`` waits for a tokenizer still loading)."""
+        headers: dict[str, str] = {}
+        cap = tenant.max_prompt_tokens
+        if cap is not None and count.tokens > cap and not count.exact:
+            count = await recount(parsed)
+            headers.update(count_headers(count))
+        _check_prompt_cap(tenant, count)
+        limit, capped = _output_cap(parsed, tenant)
+        if pool is None:
+            return _tenant_capped(parsed, raw, limit if capped else None)
+        cost = RequestCost(
+            prompt_tokens=count.tokens,
+            prompt_exact=count.exact,
+            max_output_tokens=limit,
+            requested_num_ctx=parsed.num_ctx_tokens if (parsed.num_ctx_tokens or 0) > 0 else None,
+            tenant=tenant.name,
+            priority=tenant.priority,
+            sequences=parsed.sequences,
+        )
+        policy = self._policy
+        if tenant.max_active is not None:
+            policy = replace(policy, per_tenant_max_active=tenant.max_active)
+        fitted, cost, permit = await self._acquire_fitting(parsed, pool, cost, policy, is_disconnected, recount,
+                                                           headers)
+        rewrites = permit.admit.rewrites
+        if capped and rewrites.max_output_tokens is None:
+            rewrites = replace(rewrites, max_output_tokens=cost.max_output_tokens)
+        try:
+            body, changes = apply_rewrites(fitted, rewrites)
+            if body is None and fitted is not parsed:
+                body = fitted.body  # trimmed, nothing else to change
+            forwarded = raw if body is None else encode_body(body)
+        except BaseException:
+            permit.release()
+            raise
+        headers["X-Kvgate-Reserved-Tokens"] = str(permit.admit.reserve_tokens)
+        headers["X-Kvgate-Queue-Wait"] = f"{permit.waited_s:.3f}"
+        if changes:
+            headers["X-Kvgate-Rewrite"] = "; ".join(changes)
+        return Admission(forwarded, headers, permit)
+
+    async def _acquire_fitting(
+        self, parsed: ParsedRequest, pool: PoolSpec, cost: RequestCost, policy: Policy,
+        is_disconnected: Callable[[], bool], recount: Recount, headers: dict[str, str],
+    ) -> tuple[ParsedRequest, RequestCost, Permit]:
+        """A permit for the request as it is, or once really counted, or trimmed to fit; the request and cost it
+        was granted for. A prompt too long for the context is refused only after all three."""
+        permit = await self._acquire(pool, cost, policy, is_disconnected)
+        if isinstance(permit, AdmissionRejected) and not cost.prompt_exact:
+            counted = await recount(parsed)
+            if counted.exact:
+                cost = replace(cost, prompt_tokens=counted.tokens, prompt_exact=True)
+                headers.update(count_headers(counted))
+                permit = await self._acquire(pool, cost, policy, is_disconnected)
+        if not isinstance(permit, AdmissionRejected):
+            return parsed, cost, permit
+        trimmed = await self._trim(permit, parsed, pool, cost, recount)
+        if trimmed is None:
+            raise permit
+        parsed, cost, note = trimmed
+        headers.update({"X-Kvgate-Trimmed": note, "X-Kvgate-Prompt-Tokens": str(cost.prompt_tokens)})
+        return parsed, cost, await self.room.acquire(pool.key, pool, cost, policy, is_disconnected=is_disconnected)
+
+    async def _acquire(
+        self, pool: PoolSpec, cost: RequestCost, policy: Policy, is_disconnected: Callable[[], bool]
+    ) -> Permit | AdmissionRejected:
+        """A permit, or the refusal of a prompt too long for the context (which trimming may still cure)."""
+        try:
+            return await self.room.acquire(pool.key, pool, cost, policy, is_disconnected=is_disconnected)
+        except AdmissionRejected as exc:
+            if exc.code != CONTEXT_LENGTH_EXCEEDED:
+                raise
+            return exc
+
+    async def _trim(
+        self, rejected: AdmissionRejected, parsed: ParsedRequest, pool: PoolSpec, cost: RequestCost, recount: Recount
+    ) -> tuple[ParsedRequest, RequestCost, str] | None:
+        """Drop the oldest history so the prompt fits, leaving room for the output; None when it can't."""
+        if rejected.code != CONTEXT_LENGTH_EXCEEDED or self._config.on_too_long != "trim" or not parsed.messages:
+            return None
+        output = min(cost.max_output_tokens or self._config.default_output_tokens, pool.slot_ctx_tokens // 4)
+        margin = 1.0 if cost.prompt_exact else 1.0 + self._config.estimate_margin
+        target = int((pool.slot_ctx_tokens - output - 1) / margin)
+
+        def with_messages(messages: list[dict[str, Any]]) -> ParsedRequest:
+            body = {**parsed.body, "messages": messages}
+            return dialects.parse(parsed.dialect, parsed.operation, body, "")
+
+        async def count(messages: list[dict[str, Any]]) -> int:
+            return (await recount(with_messages(messages))).tokens
+
+        trimmed = await trim_history(list(parsed.messages), count, target)
+        if trimmed is None:
+            return None
+        note = trimmed.describe(len(parsed.messages), cost.prompt_tokens)
+        return with_messages(trimmed.messages), replace(cost, prompt_tokens=trimmed.prompt_tokens), note

@@ -1,0 +1,257 @@
+"""The KV pool each backend runs a model with: per-sequence context, slots, unified or split.
+
+    Ollama        split: num_parallel slots of num_ctx tokens, one pool per model it lists. The context is what
+                  /api/ps shows loaded. A model not loaded yet is loaded first (an empty /api/generate, with the
+                  backend's ``context_tokens`` if configured, else Ollama's own default, exactly as a /v1 client
+                  would load it) and read back, so /api and /v1 clients share one loaded context and the first
+                  request is planned against the context that really runs. Only when that fails: the configured
+                  ``context_tokens``, the Modelfile's num_ctx, or the largest context that fits free VRAM.
+    llama-server  one pool per server, whatever model name a request says (it serves one model): per-slot n_ctx
+                  and total_slots from /props, no model file needed; unified unless ``unified_kv = false`` (the
+                  server's default when -np is omitted, and the safe assumption: every slot then shares one pool).
+    openai        one pool per server from configuration (``parallel`` and ``context_tokens``, ``unified_kv``);
+                  without them the backend is forwarded without admission, and says so at start-up and on the
+                  status page.
+
+A layout is reused for ``admission.pool_refresh_s``, or until a response may have changed it (``mark_stale``).
+Several requests never start several probes of one pool: they share one. A probe that fails is retried for up to
+``admission.probe_wait_s`` while its requests wait; then they are refused with 503 and Retry-After, never admitted
+without a ledger. A pool probed before keeps its last layout while a refresh fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import PurePath
+
+from gateway.admission import PoolSpec
+from gateway.backends import Backend
+from gateway.backends.prober import ProbeError
+from gateway.backends.probes import BackendProbes
+from gateway.config import Settings
+from gateway.domain import BackendKind
+from gateway.errors import BackendNotReady
+from gateway.memory.estimate import estimate
+from gateway.memory.kv import CTX_PAD_TOKENS, parse_cache_type
+from gateway.memory.vram import VramUnavailable
+
+log = logging.getLogger(__name__)
+
+PROBE_RETRY_FIRST_S = 0.25
+PROBE_RETRY_MAX_S = 2.0
+PoolId = tuple[str, str]
+"""(backend name, model as the backend names it; "" for servers of one pool)."""
+
+
+def unadmitted_reason(backend: Backend) -> str | None:
+    """Why a backend is forwarded without admission, or None when kvgate admits its requests."""
+    settings = backend.settings
+    if backend.kind is not BackendKind.OPENAI:
+        return None
+    if settings.parallel is None or settings.context_tokens is None:
+        return (f"{backend.describe()} is an OpenAI-compatible server that reports no KV layout; it is forwarded "
+                "without admission (set its parallel and context_tokens, and unified_kv, to admit its requests)")
+    return None
+
+
+class PoolDirectory:
+    def __init__(
+        self,
+        settings: Settings,
+        probes: BackendProbes,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._settings = settings
+        self._probes = probes
+        self._clock = clock
+        self._sleep = sleep
+        self._cache: dict[PoolId, tuple[float, PoolSpec]] = {}
+        self._probing: dict[PoolId, asyncio.Future[PoolSpec]] = {}
+        self._stale: set[PoolId] = set()
+        self._checking_default: set[PoolId] = set()
+        self._default_confirmed: set[PoolId] = set()
+        self._failures: dict[PoolId, str] = {}
+        self.disagreements: dict[PoolId, str] = {}
+        """Configured contexts the backend's loaded models disagree with (for the status page)."""
+        self.probes = 0
+        """Probes started (for tests: concurrent requests share one)."""
+
+    async def pool_for(self, backend: Backend, model: str | None) -> PoolSpec | None:
+        """The pool a request lands in; None only for a backend forwarded without admission. ``model`` is the
+        backend's own name for an Ollama model (the registry resolves it); the other kinds ignore it."""
+        if unadmitted_reason(backend) is not None:
+            return None
+        if backend.kind is BackendKind.OPENAI:
+            return self._configured(backend)
+        pool_id = (backend.name, (model or "") if backend.kind is BackendKind.OLLAMA else "")
+        cached = self._cache.get(pool_id)
+        fresh = cached is not None and self._clock() - cached[0] < self._settings.admission.pool_refresh_s
+        if cached is not None and fresh and pool_id not in self._stale:
+            return cached[1]
+        running = self._probing.get(pool_id)
+        if running is None:
+            running = asyncio.ensure_future(self._probe_until_ready(backend, pool_id))
+            self._probing[pool_id] = running
+            running.add_done_callback(lambda _: self._probing.pop(pool_id, None))
+        return await asyncio.shield(running)
+
+    def mark_stale(self, backend: Backend, model: str) -> None:
+        """The next request re-reads the layout (after a response that may have loaded or reloaded the model)."""
+        self._stale.add((backend.name, model))
+
+    def after_default_load(self, backend: Backend, model: str) -> None:
+        """After a request that runs the model at Ollama's own default context (a /v1 request, which can't carry
+        num_ctx, reloads a model loaded at another one): re-read the layout, until a re-read shows the default is
+        the context it runs with; from then on /v1 requests cost no extra probe."""
+        pool_id = (backend.name, model)
+        if pool_id not in self._default_confirmed:
+            self._stale.add(pool_id)
+            self._checking_default.add(pool_id)
+
+    async def _probe_until_ready(self, backend: Backend, pool_id: PoolId) -> PoolSpec:
+        deadline = self._clock() + self._settings.admission.probe_wait_s
+        pause_s = PROBE_RETRY_FIRST_S
+        while True:
+            self.probes += 1
+            try:
+                pool = await self._probe(backend, pool_id[1])
+            except (ProbeError, LookupError, ValueError) as exc:
+                reason = str(exc) or type(exc).__name__
+                cached = self._cache.get(pool_id)
+                if self._failures.get(pool_id) != reason:  # once per reason, not every refresh
+                    log.warning("could not learn the KV pool of %s: %s", _label(backend, pool_id[1]), reason)
+                self._failures[pool_id] = reason
+                if cached is not None:
+                    return cached[1]  # the last layout stands while the backend is briefly unreachable
+                if self._clock() + pause_s > deadline:
+                    raise BackendNotReady(
+                        f"kvgate can't learn the KV pool of {_label(backend, pool_id[1])} (tried for "
+                        f"{self._settings.admission.probe_wait_s:g} s, admission.probe_wait_s): {reason}; requests "
+                        "are not forwarded unaccounted; retry shortly", retry_after_s=PROBE_RETRY_MAX_S,
+                    ) from None
+                await self._sleep(pause_s)
+                pause_s = min(pause_s * 2, PROBE_RETRY_MAX_S)
+                continue
+            if self._failures.pop(pool_id, None) is not None:
+                log.info("learned the KV pool of %s again", _label(backend, pool_id[1]))
+            previous = self._cache.get(pool_id)
+            if previous is not None and previous[1] != pool:
+                self._default_confirmed.discard(pool_id)
+            elif previous is not None and pool_id in self._checking_default:
+                self._default_confirmed.add(pool_id)
+            self._checking_default.discard(pool_id)
+            self._cache[pool_id] = (self._clock(), pool)
+            self._stale.discard(pool_id)
+            return pool
+
+    async def _probe(self, backend: Backend, model: str) -> PoolSpec:
+        if backend.kind is BackendKind.OLLAMA:
+            return await self._ollama_pool(backend, model)
+        props = await self._probes.llama_props(backend)
+        settings = backend.settings
+        alias = props.model_alias if props.model_alias != props.model_path else ""  # the default alias is the path
+        name = alias or PurePath(props.model_path).name or backend.name
+        slots = props.total_slots or settings.parallel or 1
+        if settings.unified_kv is False:
+            return PoolSpec.split_pool(backend.name, name, str(backend.kind), slot_ctx_tokens=props.n_ctx_slot,
+                                       slots=slots)
+        return PoolSpec.unified_pool(backend.name, name, pool_tokens=props.n_ctx_slot, slots=slots)
+
+    async def _ollama_pool(self, backend: Backend, model: str) -> PoolSpec:
+        settings = backend.settings
+        loaded = await self._probes.loaded_context(backend, model)
+        if loaded is None:
+            loaded = await self._load(backend, model)
+        context = loaded
+        if context is None:
+            context = settings.context_tokens or await self._auto_context(backend, model)
+        elif settings.context_tokens is not None and settings.context_tokens != context:
+            self._note_disagreement(backend, model, context)
+        return PoolSpec.split_pool(backend.name, model, str(backend.kind), slot_ctx_tokens=context,
+                                   slots=settings.parallel or 1)
+
+    async def _load(self, backend: Backend, model: str) -> int | None:
+        """Load the model as any client would (Ollama's load request), then read its context from /api/ps."""
+        try:
+            await self._probes.load_model(backend, model, backend.settings.context_tokens)
+        except ProbeError as exc:
+            log.warning("could not load model %r on %s to learn its context: %s", model, backend.describe(), exc)
+            return None
+        context = await self._probes.loaded_context(backend, model)
+        if context is not None:
+            log.info("model %r on %s loaded with a context of %d tokens", model, backend.describe(), context)
+        return context
+
+    async def check_configured(self, backend: Backend) -> None:
+        """At start-up: report models an Ollama backend already has loaded at another context than its configured
+        ``context_tokens`` (kvgate will follow them); a backend that can't be asked is checked on first use."""
+        configured = backend.settings.context_tokens
+        if backend.kind is not BackendKind.OLLAMA or configured is None:
+            return
+        try:
+            loaded = await self._probes.loaded_models(backend)
+        except ProbeError:
+            return
+        for model in loaded:
+            if model.context_tokens is not None and model.context_tokens != configured:
+                self._note_disagreement(backend, model.name, model.context_tokens)
+
+    def _note_disagreement(self, backend: Backend, model: str, loaded: int) -> None:
+        message = (f"{backend.describe()} has context_tokens = {backend.settings.context_tokens} but model {model!r} "
+                   f"is loaded with {loaded}; kvgate follows the loaded context (pinning another one would reload "
+                   "the model for every client that can't send num_ctx)")
+        key = (backend.name, model)
+        if self.disagreements.get(key) != message:
+            log.warning("%s", message)
+        self.disagreements[key] = message
+
+    def _configured(self, backend: Backend) -> PoolSpec:
+        settings = backend.settings
+        assert settings.parallel is not None and settings.context_tokens is not None
+        if settings.unified_kv:
+            return PoolSpec.unified_pool(backend.name, "", pool_tokens=settings.context_tokens,
+                                         slots=settings.parallel, backend_kind=str(backend.kind))
+        return PoolSpec.split_pool(backend.name, "", str(backend.kind), slot_ctx_tokens=settings.context_tokens,
+                                   slots=settings.parallel)
+
+    async def _auto_context(self, backend: Backend, model: str) -> int:
+        """The Modelfile's num_ctx; else the largest context (to a cap) that fits free VRAM beside what runs."""
+        config = self._settings.admission
+        profile = await self._probes.profile(backend, model)
+        if profile.context_tokens:
+            return profile.context_tokens
+        try:
+            reading = await self._probes.vram(backend)
+        except VramUnavailable as exc:
+            log.info("no VRAM reading for %s (%s); context defaults to %d", backend.describe(), exc,
+                     config.default_context_tokens)
+            reading = None
+        if reading is None:
+            return config.default_context_tokens
+        cap = min(config.max_auto_context_tokens, profile.shape.n_ctx_train or config.max_auto_context_tokens)
+        settings = backend.settings
+        fit = estimate(
+            profile, context=cap, parallel=settings.parallel or 1, type_k=parse_cache_type(settings.cache_type_k),
+            type_v=parse_cache_type(settings.cache_type_v), vram_total_bytes=reading.total_bytes,
+            vram_free_bytes=reading.free_bytes,
+        )
+        context = min(cap, fit.max_context_tokens or 0)
+        if context < CTX_PAD_TOKENS:
+            log.warning("model %r does not fit in %.1f GiB of free VRAM; planning with a context of %d", model,
+                        reading.free_bytes / 2**30, config.default_context_tokens)
+            return config.default_context_tokens
+        log.info("pinning model %r on %s to a context of %d tokens (fits free VRAM)", model, backend.describe(),
+                 context)
+        return context
+
+    def known(self) -> dict[tuple[str, str], PoolSpec]:
+        """Every pool probed so far, by (backend, model) (for metrics and the status page)."""
+        return {pool.key: pool for _, pool in self._cache.values()}
+
+
+def _label(backend: Backend, model: str) -> str:
+    return f"model {model!r} on {backend.describe()}" if model else backend.describe()

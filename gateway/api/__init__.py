@@ -1,0 +1,1 @@
+"""kvgate's own HTTP API under /kvgate/: health, fit, count and status."""

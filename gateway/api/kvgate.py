@@ -1,0 +1,238 @@
+"""kvgate's own routes under ``/kvgate/``: health, the live "what fits" estimate and token counts.
+
+Errors use OpenAI's error shape (the most common client), with the parameter named in ``param``.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from gateway import __version__, dialects
+from gateway.admission import PoolKey, PoolSpec, WaitingRoom
+from gateway.backends import Backend, BackendRegistry
+from gateway.backends.prober import ProbeError
+from gateway.backends.probes import BackendProbes, local_profile
+from gateway.domain import BackendKind, Dialect
+from gateway.errors import BackendUnavailable, BadRequest, GatewayError
+from gateway.memory.estimate import estimate, parse_fit_params
+from gateway.memory.kv import parse_cache_type
+from gateway.memory.load_cost import Calibration, calibrate_from_ps, estimate_load_cost
+from gateway.memory.profile import ModelProfile
+from gateway.memory.vram import VramReading, VramUnavailable
+from gateway.routes import ROUTES
+from gateway.text import safe_text
+from gateway.tokens.prompt_counter import COUNTED_OPERATIONS, PromptCounter
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONTEXT_TOKENS = 8192
+
+Deps = Callable[[web.Request], tuple[BackendRegistry, BackendProbes]]
+CountDeps = Callable[[web.Request], tuple[BackendRegistry, PromptCounter]]
+COUNTABLE_ROUTES = {route.path: route for route in ROUTES if route.operation in COUNTED_OPERATIONS}
+
+
+def _error(error: GatewayError) -> web.Response:
+    return web.Response(status=error.status, body=dialects.error_body(Dialect.OPENAI, error),
+                        content_type="application/json")
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok", "version": __version__})
+
+
+def fit_handler(deps: Deps) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def fit(request: web.Request) -> web.Response:
+        registry, probes = deps(request)
+        try:
+            return await _fit(request, registry, probes)
+        except GatewayError as exc:
+            return _error(exc)
+
+    return fit
+
+
+async def _fit(request: web.Request, registry: BackendRegistry, probes: BackendProbes) -> web.Response:
+    query = request.query
+    try:
+        params = parse_fit_params(query)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    backend = await _backend(registry, query.get("backend"), params.model)
+    profile = await _profile(probes, backend, params.model)
+    reading, vram_warning = await _vram(probes, backend)
+    settings = backend.settings
+    calibration = await _calibration(probes, backend, params.model, profile)
+    try:
+        result = estimate(
+            profile,
+            context=params.context or profile.context_tokens or min(DEFAULT_CONTEXT_TOKENS,
+                                                                     profile.shape.n_ctx_train or 8192),
+            parallel=params.parallel or settings.parallel or profile.parallel or 1,
+            type_k=params.type_k if "cache_type_k" in query else parse_cache_type(settings.cache_type_k),
+            type_v=params.type_v if "cache_type_v" in query else parse_cache_type(settings.cache_type_v),
+            vram_total_bytes=reading.total_bytes if reading else None,
+            vram_free_bytes=reading.free_bytes if reading else None,
+            unified=bool(settings.unified_kv),
+            calibration=calibration,
+        )
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    body = result.to_json()
+    body["calibrated_from"] = calibration.source if calibration else None
+    body["backend"] = backend.name
+    body["vram_source"] = reading.source if reading else None
+    if vram_warning:
+        body.setdefault("warnings", []).append(vram_warning)
+    return web.json_response(body)
+
+
+async def _backend(registry: BackendRegistry, name: str | None, model: str) -> Backend:
+    if name is None:
+        return await registry.resolve(model)
+    try:
+        return registry.by_name(name)
+    except StopIteration:
+        known = ", ".join(b.name for b in registry.backends)
+        raise BadRequest(f"backend is {name!r}; known backends: {known}") from None
+
+
+async def _profile(probes: BackendProbes, backend: Backend, model: str) -> ModelProfile:
+    local = local_profile(model)
+    try:
+        return await probes.profile(backend, model)
+    except (ProbeError, LookupError) as exc:
+        if local is not None:
+            return local
+        raise BackendUnavailable(f"no profile for {model!r} from {backend.describe()}: {exc}") from None
+
+
+async def _calibration(
+    probes: BackendProbes, backend: Backend, model: str, profile: ModelProfile
+) -> Calibration | None:
+    """For a model Ollama has loaded: scale the estimate to what /api/ps says the load really took."""
+    if backend.kind is not BackendKind.OLLAMA:
+        return None
+    try:
+        loaded = await probes.loaded_model(backend, model)
+    except ProbeError:
+        return None
+    if loaded is None or not loaded.context_tokens or loaded.size_bytes <= 0:
+        return None
+    settings = backend.settings
+    cost = estimate_load_cost(
+        profile, context_tokens=loaded.context_tokens, parallel=settings.parallel or 1,
+        type_k=parse_cache_type(settings.cache_type_k), type_v=parse_cache_type(settings.cache_type_v),
+    )
+    return calibrate_from_ps(cost, size_bytes=loaded.size_bytes, size_vram_bytes=loaded.size_vram_bytes)
+
+
+async def _vram(probes: BackendProbes, backend: Backend) -> tuple[VramReading | None, str | None]:
+    try:
+        return await probes.vram(backend), None
+    except VramUnavailable as exc:
+        log.warning("VRAM reading unavailable for %s: %s", backend.describe(), exc)
+        return None, f"no VRAM reading: {exc}"
+
+
+def count_handler(deps: CountDeps) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """POST /kvgate/count?route=/api/chat with a request body as a client would send it to that route."""
+
+    async def count(request: web.Request) -> web.Response:
+        registry, counter = deps(request)
+        try:
+            path = request.query.get("route", "/v1/chat/completions")
+            route = COUNTABLE_ROUTES.get(path)
+            if route is None:
+                allowed = ", ".join(sorted(COUNTABLE_ROUTES))
+                raise BadRequest(f"route is {path!r}; allowed: {allowed}")
+            body = dialects.decode_body(await request.read())
+            parsed = dialects.parse(route.dialect, route.operation, body, route.path)
+            backend = await registry.resolve(parsed.model, route.kind)
+            result = await counter.count(parsed, backend)
+        except GatewayError as exc:
+            return _error(exc)
+        return web.json_response({
+            "model": parsed.model, "backend": backend.name, "route": path,
+            "prompt_tokens": result.tokens, "counter": result.counter, "exact": result.exact,
+        })
+
+    return count
+
+
+def status_snapshot(
+    registry: BackendRegistry, room: WaitingRoom, pools: dict[tuple[str, str], PoolSpec], uptime_s: float,
+    truncations: dict[str, Any] | None = None, notes: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    """Backends (with ``notes``: why one is forwarded without admission, a configured context its loaded models
+    disagree with), their models, every KV pool with its reservations and queue, and the silent truncations seen in
+    replies (``TruncationLog.snapshot()``), as JSON. Every string that may come from a client or a backend is safe
+    text (``gateway.text``), so the page always encodes."""
+    notes = notes or {}
+    stats = room.stats()
+    pool_rows = []
+    for key in sorted({*pools, *room.ledger.keys(), *stats}):
+        pool_key = PoolKey(*key)
+        snapshot = room.ledger.snapshot(pool_key)
+        spec = pools.get(key)
+        stat = stats.get(pool_key)
+        pool_rows.append({
+            "backend": safe_text(key[0]), "model": safe_text(key[1]),
+            "kind": "unified" if spec and spec.unified else "split" if spec else None,
+            "slots": spec.slots if spec else None,
+            "slot_context_tokens": spec.slot_ctx_tokens if spec else None,
+            "capacity_tokens": spec.pool_tokens if spec else None,
+            "active_sequences": snapshot.active_sequences,
+            "reserved_tokens": snapshot.reserved_tokens,
+            "queued": stat.queued if stat else 0,
+            "oldest_wait_s": round(stat.oldest_waited_s, 3) if stat else 0.0,
+            "admitted_total": stat.admitted_total if stat else 0,
+            "refused_total": (stat.rejected_total + stat.queue_full_total + stat.timed_out_total) if stat else 0,
+        })
+    return {
+        "version": __version__,
+        "uptime_s": round(uptime_s, 1),
+        "backends": [
+            {"name": b.name, "kind": str(b.kind), "url": b.settings.url, "models": sorted(map(safe_text, b.models)),
+             "last_error": b.last_error and safe_text(b.last_error),
+             "notes": [safe_text(note) for note in notes.get(b.name, [])]}
+            for b in registry.backends
+        ],
+        "pools": pool_rows,
+        "truncations": truncations or {"counts": [], "recent": []},
+    }
+
+
+def status_html(status: dict[str, Any]) -> str:
+    """The same, as a page a person can read."""
+    def cells(values: list[Any], tag: str = "td") -> str:
+        return "".join(f"<{tag}>{html.escape(safe_text(str(v)))}</{tag}>" for v in values)
+
+    pool_columns = ["backend", "model", "kind", "slots", "slot_context_tokens", "capacity_tokens", "active_sequences",
+                    "reserved_tokens", "queued", "oldest_wait_s", "admitted_total", "refused_total"]
+    backend_columns = [[b["name"], b["kind"], b["url"], ", ".join(b["models"]), b["last_error"] or "",
+                        "; ".join(b["notes"])] for b in status["backends"]]
+    backend_rows = "".join(f"<tr>{cells(row)}</tr>" for row in backend_columns)
+    pool_rows = "".join(f"<tr>{cells([p[c] for c in pool_columns])}</tr>" for p in status["pools"])
+    truncations = status["truncations"]
+    count_rows = "".join(f"<tr>{cells([c['backend'], c['model'], c['truncations']])}</tr>"
+                         for c in truncations["counts"])
+    event_columns = ["at", "request_id", "backend", "model", "counted_tokens", "reported_tokens"]
+    event_rows = "".join(f"<tr>{cells([e[c] for c in event_columns])}</tr>" for e in truncations["recent"])
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>kvgate status</title>"
+        "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:left}</style></head><body>"
+        f"<h1>kvgate {html.escape(status['version'])}</h1><p>up {status['uptime_s']} s</p>"
+        f"<h2>Backends</h2><table><tr>{cells(['name', 'kind', 'url', 'models', 'last error', 'notes'], 'th')}</tr>"
+        f"{backend_rows}</table>"
+        f"<h2>KV pools</h2><table><tr>{cells(pool_columns, 'th')}</tr>{pool_rows}</table>"
+        "<h2>Silent truncations</h2><p>replies whose reported prompt length is short of kvgate's count: the "
+        "backend cut the prompt without saying so</p>"
+        f"<table><tr>{cells(['backend', 'model', 'truncations'], 'th')}</tr>{count_rows}</table>"
+        f"<h3>Latest</h3><table><tr>{cells(event_columns, 'th')}</tr>{event_rows}</table></body></html>"
+    )

@@ -1,0 +1,120 @@
+"""What the gateway knows about each backend: model profiles (KV bytes per token, weights, context) and live VRAM.
+
+One prober and one VRAM source per backend, built lazily and kept, so their caches (profiles by digest or file,
+VRAM readings by refresh period) last for the life of the app.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+
+from gateway.backends import Backend
+from gateway.backends.prober import LlamaServerProber, OllamaProber
+from gateway.domain import BackendKind
+from gateway.memory.presets import find_preset, preset_profile
+from gateway.memory.profile import ModelProfile
+from gateway.memory.sources.gguf import profile_from_gguf
+from gateway.memory.sources.llamacpp import ServerProps
+from gateway.memory.sources.ollama import LoadedModel
+from gateway.memory.vram import CachedVramSource, StaticVramSource, VramReading, VramSource
+from gateway.memory.vram_exporter import ExporterSource
+from gateway.memory.vram_nvml import nvml_source
+from kvsim.vram import HttpSimVramSource
+
+
+class BackendProbes:
+    def __init__(self, session: aiohttp.ClientSession, vram_sources: dict[str, VramSource] | None = None) -> None:
+        self._session = session
+        self._ollama: dict[str, OllamaProber] = {}
+        self._llama: dict[str, LlamaServerProber] = {}
+        self._vram: dict[str, VramSource] = dict(vram_sources or {})
+
+    async def profile(self, backend: Backend, model: str) -> ModelProfile:
+        """The model's profile as the backend serves it; raises ProbeError when the backend can't tell."""
+        if backend.kind is BackendKind.OLLAMA:
+            return await self._ollama_prober(backend).profile(model)
+        if backend.kind is BackendKind.LLAMA_SERVER:
+            return await self._llama_prober(backend, model).profile()
+        profile = local_profile(model)
+        if profile is None:
+            raise LookupError(f"{backend.describe()} is an OpenAI-style server that reports no model metadata, "
+                              f"and {model!r} is not a preset or a GGUF path")
+        return profile
+
+    def _llama_prober(self, backend: Backend, model: str | None = None) -> LlamaServerProber:
+        llama = self._llama.get(backend.name)
+        if llama is None:
+            settings = backend.settings
+            llama = LlamaServerProber(
+                self._session, settings.url, gguf_path=settings.gguf_path,
+                fallback=local_profile(model) if model else None, configured_unified=settings.unified_kv,
+                configured_parallel=settings.parallel, api_key=backend.api_key,
+            )
+            self._llama[backend.name] = llama
+        return llama
+
+    async def llama_props(self, backend: Backend) -> ServerProps:
+        """llama-server's /props (per-slot context, slots, model file): all a token pool needs, no GGUF."""
+        return await self._llama_prober(backend).props()
+
+    def _ollama_prober(self, backend: Backend) -> OllamaProber:
+        return self._ollama.setdefault(backend.name, OllamaProber(self._session, backend.settings.url))
+
+    async def load_model(self, backend: Backend, model: str, num_ctx: int | None) -> None:
+        """Ollama: load the model (an empty /api/generate), at ``num_ctx`` or at Ollama's own default."""
+        await self._ollama_prober(backend).load(model, num_ctx)
+
+    async def loaded_models(self, backend: Backend) -> list[LoadedModel]:
+        """Ollama: every model /api/ps shows loaded now."""
+        return await self._ollama_prober(backend).loaded()
+
+    async def loaded_model(
+        self, backend: Backend, model: str, *, join_running: bool = True
+    ) -> LoadedModel | None:
+        """Ollama: the model as /api/ps shows it loaded now (size, size_vram, context), None when not loaded; with
+        ``join_running`` a read in flight will do (a burst of /kvgate/fit requests reads /api/ps once)."""
+        prober = self._ollama_prober(backend)
+        names = {model, f"{model}:latest"}
+        return next((loaded for loaded in await prober.loaded(join_running=join_running) if loaded.name in names),
+                    None)
+
+    async def loaded_context(self, backend: Backend, model: str) -> int | None:
+        """Ollama: the per-sequence context the model is loaded with now (/api/ps read anew: it follows loads and
+        reloads), None when not loaded."""
+        loaded = await self.loaded_model(backend, model, join_running=False)
+        return None if loaded is None else loaded.context_tokens
+
+    def vram_source(self, backend: Backend) -> VramSource | None:
+        """The backend's configured VRAM source (``vram`` setting), cached for ``vram_refresh_s``."""
+        settings = backend.settings
+        if backend.name in self._vram:
+            return self._vram[backend.name]
+        if settings.vram is None:
+            return None
+        inner: VramSource
+        if settings.vram == "nvml":
+            inner = nvml_source()
+        elif settings.vram == "sim":
+            inner = HttpSimVramSource(self._session, settings.url)
+        elif settings.vram.startswith(("http://", "https://")):
+            inner = ExporterSource(self._session, settings.vram)
+        else:
+            inner = StaticVramSource.from_text(settings.vram)
+        source = CachedVramSource(inner, refresh_s=settings.vram_refresh_s)
+        self._vram[backend.name] = source
+        return source
+
+    async def vram(self, backend: Backend) -> VramReading | None:
+        source = self.vram_source(backend)
+        return None if source is None else await source.read()
+
+
+def local_profile(model: str) -> ModelProfile | None:
+    """A preset by name, or a GGUF file by path; None for anything else."""
+    if find_preset(model):
+        return preset_profile(model)
+    if model.endswith(".gguf") and Path(model).is_file():
+        return profile_from_gguf(model)
+    return None
