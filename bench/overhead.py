@@ -1,12 +1,14 @@
 """What kvgate adds: latency and throughput direct vs through the gateway, side by side in one run.
 
-    python -m bench.overhead [--quick]
+    python -m bench.overhead [--quick] [--baseline DIR]
 
 Starts a fast fake Ollama (one Llama 3 model, loaded), ``kvgate serve`` in front of it and, as a yardstick, a bare
 aiohttp proxy with no kvgate logic (bench/bare_proxy.py), each in its own process. It then measures from this process,
 alternating direct, kvgate and bare-proxy rounds so machine noise hits all alike:
 - a small non-streaming chat: median and p99 latency, requests per second, at concurrency 1 and 64;
 - a 500-chunk NDJSON stream: median and p99 time per stream, chunks per second, at concurrency 1 and 64.
+With ``--baseline DIR`` (a checkout of an earlier commit, e.g. ``git worktree add /tmp/before <rev>``), that
+checkout's kvgate runs too, in the same alternating rounds, and the table compares the two side by side.
 Targets: added median latency at concurrency 1 <= 1 ms; stream chunk throughput through kvgate >= 80% of direct.
 All traffic stays on 127.0.0.1; every loop is bounded in count.
 """
@@ -32,6 +34,7 @@ STREAM_CHUNKS = 500
 ROUNDS = 9
 KVGATE = "kvgate"
 BARE = "bare proxy"
+BASELINE = "kvgate before"
 
 
 def _free_port() -> int:
@@ -186,6 +189,19 @@ def render(rows: list[Row]) -> str:
                  f"{'PASS' if worst_ratio >= 0.8 else 'FAIL'}")
     if BARE in worst.through:
         lines.append(f"        the bare aiohttp proxy, same case, same run: {worst.through[BARE][1]:.0%} of direct")
+    if BASELINE in small1.through:
+        lines.extend(["", _compare(rows)])
+    return "\n".join(lines)
+
+
+def _compare(rows: list[Row]) -> str:
+    """This checkout's kvgate beside the baseline checkout's, measured in the same rounds."""
+    head = f"{'case':<24} {'before med ms':>13} {'now med ms':>10} {'before /s':>10} {'now /s':>10} {'now/before':>10}"
+    lines = [f"against the baseline checkout ({BASELINE}):", head, "-" * len(head)]
+    for row in rows:
+        before, now = row.through[BASELINE][0], row.through[KVGATE][0]
+        lines.append(f"{row.name:<24} {before.median_ms:>13.3f} {now.median_ms:>10.3f} {before.rate:>10.0f} "
+                     f"{now.rate:>10.0f} {now.rate / before.rate:>10.2f}")
     return "\n".join(lines)
 
 
@@ -203,19 +219,25 @@ async def _wait_for_tokenizer(gateway: str, deadline_s: float = 60.0) -> str:
     return counter
 
 
-async def amain(direct: str, through: str, bare: str, quick: bool) -> None:
+async def amain(direct: str, through: str, bare: str, quick: bool, baseline: str | None = None) -> None:
     await _wait_ready(f"{direct}/api/tags")
     await _wait_ready(f"{through}/kvgate/health")
     await _wait_ready(f"{bare}/api/tags")
+    proxies = {KVGATE: through, BARE: bare}
     print(f"kvgate counts with: {await _wait_for_tokenizer(through)}")
-    print(render(await measure(direct, {KVGATE: through, BARE: bare}, quick)))
+    if baseline is not None:
+        await _wait_ready(f"{baseline}/kvgate/health")
+        print(f"the baseline counts with: {await _wait_for_tokenizer(baseline)}")
+        proxies[BASELINE] = baseline
+    print(render(await measure(direct, proxies, quick)))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a quarter of the requests (a smoke run)")
-    quick = parser.parse_args().quick
-    upstream_port, gateway_port, bare_port = _free_port(), _free_port(), _free_port()
+    parser.add_argument("--baseline", metavar="DIR", help="also run the kvgate of this checkout, side by side")
+    args = parser.parse_args()
+    upstream_port, gateway_port, bare_port, baseline_port = _free_port(), _free_port(), _free_port(), _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
     upstream_url = f"http://127.0.0.1:{upstream_port}"
     upstream = subprocess.Popen([sys.executable, "-m", "bench.fake_upstream", str(upstream_port)], env=env)
@@ -223,14 +245,20 @@ def main() -> int:
     # The whole request path runs: counting with the model's real tokenizer, planning against the loaded model's
     # KV pool (64 slots of 8K tokens, so the benchmark measures kvgate's cost, not its queue), forwarding.
     backend = {"name": "bench", "kind": "ollama", "url": upstream_url, "parallel": 64}
-    gateway = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--port", str(gateway_port)],
-        env={**env, "KVGATE_SERVER__LOG_LEVEL": "warning", "KVGATE_BACKENDS": json.dumps([backend])},
-    )
+    gateway_env = {**env, "KVGATE_SERVER__LOG_LEVEL": "warning", "KVGATE_BACKENDS": json.dumps([backend])}
+    serve = [sys.executable, "-m", "gateway", "serve", "--port"]
+    gateway = subprocess.Popen([*serve, str(gateway_port)], env=gateway_env)
+    processes = [gateway, bare, upstream]
+    baseline_url = None
+    if args.baseline:  # the other checkout's package comes first on its path
+        baseline_url = f"http://127.0.0.1:{baseline_port}"
+        processes.append(subprocess.Popen([*serve, str(baseline_port)], cwd=args.baseline,
+                                          env={**gateway_env, "PYTHONPATH": args.baseline}))
     try:
-        asyncio.run(amain(upstream_url, f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{bare_port}", quick))
+        asyncio.run(amain(upstream_url, f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{bare_port}",
+                          args.quick, baseline_url))
     finally:
-        for process in (gateway, bare, upstream):
+        for process in processes:
             process.terminate()
             process.wait(timeout=10)
     return 0

@@ -91,7 +91,7 @@ def create_app(
         registry = BackendRegistry(settings, session, clock=clock)
         app[SESSION] = session
         app[REGISTRY] = registry
-        app[PROMPT_COUNTER] = PromptCounter(settings, session)
+        app[PROMPT_COUNTER] = PromptCounter(settings)
         app[PROBES] = BackendProbes(session, vram_sources)
         pools = PoolDirectory(settings, app[PROBES])
         for backend in registry.backends:
@@ -103,7 +103,7 @@ def create_app(
         app[ADMITTER] = Admitter(settings.admission, pools, room)
         metrics.watch_pools(room, pools.known)
         app[POOLS] = pools
-        app[PROXY] = Proxy(settings, registry, session, app[PROMPT_COUNTER], app[ADMITTER], metrics, tenants)
+        app[PROXY] = Proxy(settings, registry, app[PROMPT_COUNTER], app[ADMITTER], metrics, tenants)
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
         yield
         checks.cancel()
@@ -189,6 +189,8 @@ async def _status(request: web.Request) -> web.Response:
         notes[backend.name] = [reason] if reason else []
     for (backend_name, _), message in pools.disagreements.items():
         notes.setdefault(backend_name, []).append(message)
+    for pool in pools.known().values():
+        notes.setdefault(pool.backend, []).extend(pools.notes_for(pool))  # a context chosen by a fallback, and why
     status = kvgate_api.status_snapshot(app[REGISTRY], app[ADMITTER].room, pools.known(),
                                         time.monotonic() - app[STARTED], app[METRICS].truncation_log.snapshot(), notes)
     if "text/html" in request.headers.get("Accept", ""):

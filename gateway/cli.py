@@ -20,7 +20,6 @@ from gateway import __version__, demo_cli
 from gateway.config import ConfigError, Settings, load_settings, parse_backend_flag, unknown_environment
 from gateway.memory import estimate_cli
 from gateway.observability.logs import configure_logging
-from kvsim.runner import add_sim_arguments, run_sim_forever, sim_config_from_args
 
 log = logging.getLogger("gateway")
 
@@ -113,8 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     estimate = sub.add_parser("estimate", help="what a model costs in VRAM at a context, and what fits")
     estimate_cli.add_arguments(estimate)
-    sim = sub.add_parser("sim", help="run the simulated GPU backend (an Ollama or llama-server) alone")
-    add_sim_arguments(sim)
+    # kvgate sim's own arguments are the simulator's: parsed in sim_command, so that nothing else loads kvsim
+    sub.add_parser("sim", help="run the simulated GPU backend (an Ollama or llama-server) alone", add_help=False)
     demo = sub.add_parser("demo", help="a multi-user workload on the simulated GPU, straight and through kvgate")
     demo_cli.add_arguments(demo)
     return parser
@@ -188,16 +187,30 @@ def serve_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def sim_command(argv: Sequence[str]) -> int:
+    """``kvgate sim``: the simulator alone (imported here: the gateway itself never loads it)."""
+    from kvsim.runner import add_sim_arguments, run_sim_forever, sim_config_from_args
+
+    parser = argparse.ArgumentParser(prog="kvgate sim", description="a simulated GPU host running Ollama or "
+                                     "llama-server; its GPU is exported at <url>/sim/metrics for kvgate's vram")
+    add_sim_arguments(parser)
+    args = parser.parse_args(argv)
+    configure_logging("info", "text")
+    run_event_loop(run_sim_forever(sim_config_from_args(args), args.host, args.port))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "sim":
+        return sim_command(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "serve":
         return serve_command(args)
     if args.command == "estimate":
         return asyncio.run(estimate_cli.run(args))
-    if args.command == "sim":
-        configure_logging("info", "text")
-        run_event_loop(run_sim_forever(sim_config_from_args(args), args.host, args.port))
-        return 0
     if args.command == "demo":
         return asyncio.run(demo_cli.run(args))
     return 2

@@ -36,7 +36,7 @@ from pydantic_settings import (
 from yarl import URL
 
 from gateway.domain import BackendKind
-from gateway.memory.kv import parse_cache_type
+from gateway.memory.kv import CacheType, parse_cache_type
 from gateway.memory.vram import parse_size
 
 DEFAULT_PORT = 11435
@@ -100,24 +100,28 @@ class BackendSettings(_Strict):
         description="Ollama: the num_ctx kvgate loads models with (a loaded model's own context wins); openai: "
         "the context per sequence (with parallel, it turns admission on)",
     )
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
+    cache_type_k: CacheType = CacheType.F16
+    cache_type_v: CacheType = CacheType.F16
     gguf_path: Path | None = Field(default=None, description="llama-server: the model file, for its metadata")
     vram: str | None = Field(
-        default=None, description="'nvml', an exporter URL, a size like '24GiB', or 'sim' (kvgate's simulator)"
+        default=None, description="'nvml', an exporter URL (dcgm-exporter or nvidia_gpu_exporter), or a size like "
+        "'24GiB'"
     )
     vram_refresh_s: float = Field(default=2.0, gt=0)
 
-    @field_validator("cache_type_k", "cache_type_v")
+    @field_validator("cache_type_k", "cache_type_v", mode="before")
     @classmethod
-    def _cache_type(cls, value: str) -> str:
-        return str(parse_cache_type(value))
+    def _cache_type(cls, value: object) -> object:
+        return parse_cache_type(value) if isinstance(value, str) else value
 
     @field_validator("vram")
     @classmethod
     def _vram(cls, value: str | None) -> str | None:
-        if value is None or value in ("nvml", "sim") or value.startswith(("http://", "https://")):
+        if value is None or value == "nvml" or value.startswith(("http://", "https://")):
             return value
+        if value.strip().lower() == "sim":
+            raise ValueError("'sim' is no longer a VRAM source: point vram at the simulator's GPU exporter, like "
+                             "any exporter URL: vram = \"http://127.0.0.1:11434/sim/metrics\" (kvgate sim's address)")
         parse_size(value)
         return value
 

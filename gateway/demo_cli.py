@@ -1,7 +1,9 @@
 """``kvgate demo``: the scripted multi-user workload against the simulated GPU, straight and then through kvgate.
 
 Needs no GPU and no network: the simulator (an Ollama on a virtual 24 GiB GPU) and the gateway both run in this
-process on 127.0.0.1. Ends with a side-by-side table.
+process on 127.0.0.1. Ends with a side-by-side table. The gateway reads the simulated GPU as it reads a real one on
+another host, through the exporter URL the simulator serves; the simulator (``kvsim``) is imported only when the
+demo runs.
 """
 
 from __future__ import annotations
@@ -12,13 +14,10 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from gateway.app import create_app, start_server
 from gateway.config import load_settings
-from kvsim import demo
-from kvsim.workload import Outcome
-from kvsim.workload_report import render_comparison, render_outcomes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @contextlib.asynccontextmanager
 async def _kvgate_in_front(sim_url: str) -> AsyncIterator[str]:
-    backend = {"name": "sim", "kind": "ollama", "url": sim_url, "parallel": 2, "vram": "sim"}
+    from kvsim.gpu.exporter import EXPORTER_PATH
+
+    backend = {"name": "sim", "kind": "ollama", "url": sim_url, "parallel": 2, "vram": sim_url + EXPORTER_PATH}
     settings = load_settings(None, backends=[backend])
     runner, port = await start_server(create_app(settings), "127.0.0.1", 0)
     try:
@@ -37,13 +38,18 @@ async def _kvgate_in_front(sim_url: str) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
+class _Outcome(Protocol):
+    @property
+    def status(self) -> str: ...
+
+
 class _Progress:
     def __init__(self, out: TextIO) -> None:
         self._out = out
         self._run = 0
         self._started = time.monotonic()
 
-    def __call__(self, done: int, total: int, outcome: Outcome) -> None:
+    def __call__(self, done: int, total: int, outcome: _Outcome) -> None:
         if done == 1:
             self._run += 1
             label = "straight at the simulator" if self._run == 1 else "through kvgate"
@@ -56,6 +62,9 @@ class _Progress:
 
 
 async def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
+    from kvsim.workload import demo
+    from kvsim.workload.workload_report import render_comparison, render_outcomes
+
     out = out or sys.stdout
     logging.getLogger().setLevel(logging.ERROR)
     out.write("kvgate demo: an Ollama on a simulated 24 GiB GPU (OLLAMA_NUM_PARALLEL=2), six users, three phases\n"

@@ -15,8 +15,9 @@
     ├── BackendTimeout           504  the backend did not answer (or stalled) within a configured timeout
     └── InternalError            500  a bug in kvgate; logged with a traceback, rendered without one
 
-Third-party exceptions (aiohttp, orjson, asyncio) are translated into this tree at one place, the proxy,
-and rendered in the dialect of the request by ``gateway.dialects``.
+Third-party exceptions (aiohttp, orjson, asyncio) from calls to backends are translated into this tree at one
+place, ``gateway.backends.client`` (its BackendCallError classes are BackendUnavailable or BackendTimeout), and
+rendered in the dialect of the request by ``gateway.dialects``.
 """
 
 from __future__ import annotations

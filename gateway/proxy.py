@@ -14,32 +14,34 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
 from gateway import dialects
 from gateway.admission import AdmissionRejected
 from gateway.admission.admit import Admitter
+from gateway.admission.outcome import AdmissionOutcome, log_fields, response_headers
 from gateway.admission.tenants import Tenant, TenantDirectory
 from gateway.backends import Backend, BackendRegistry, models
+from gateway.backends.client import BackendCallError
 from gateway.body.budget import BodyBudget, BodyLease
-from gateway.body.encoding import BodyDecoder, coding_of
+from gateway.body.reader import read_body
 from gateway.config import Settings
 from gateway.domain import KV_OPERATIONS, BackendKind, Dialect, Operation, ParsedRequest
-from gateway.errors import BackendTimeout, BackendUnavailable, GatewayError, InternalError, PayloadTooLarge
+from gateway.errors import BackendUnavailable, GatewayError, InternalError
 from gateway.headers import REQUEST_ID, upstream_request_headers
 from gateway.observability import truncation
 from gateway.observability.logs import request_id_var, sanitize
-from gateway.observability.metrics import Metrics, record, record_truncation
+from gateway.observability.metrics import Metrics, record, record_refusal, record_truncation
 from gateway.observability.truncations import model_label
 from gateway.observability.usage import UsageObserver
 from gateway.routes import FALLBACK, Handling, Route, fallback_dialect
 from gateway.streaming import relay
 from gateway.tokens import TokenCount
-from gateway.tokens.prompt_counter import PromptCounter, count_headers
+from gateway.tokens.prompt_counter import PromptCounter
 
 log = logging.getLogger("gateway.proxy")
 
@@ -67,12 +69,20 @@ def _error_headers(error: GatewayError, request_id: str) -> dict[str, str]:
     return headers
 
 
+@dataclass(slots=True)
+class _Trace:
+    """What the request path learned so far, for the request's log line and metrics: the backend it chose ("-"
+    until one is) and what admission did (None until it admitted)."""
+
+    backend: str = "-"
+    outcome: AdmissionOutcome | None = None
+
+
 class Proxy:
     def __init__(
         self,
         settings: Settings,
         registry: BackendRegistry,
-        session: aiohttp.ClientSession,
         counter: PromptCounter,
         admitter: Admitter,
         metrics: Metrics,
@@ -81,7 +91,6 @@ class Proxy:
     ) -> None:
         self._settings = settings
         self._registry = registry
-        self._session = session
         self._counter = counter
         self._admitter = admitter
         self._metrics = metrics
@@ -96,19 +105,19 @@ class Proxy:
         started_s = self._clock()
         status = 0
         detail: dict[str, object] = {}
-        headers: Mapping[str, str] = {}
+        trace = _Trace()
         lease = self._bodies.lease()  # the body bytes this request holds, given back when it is over
         try:
             tenant = self._tenants.identify(request.headers)
             detail["tenant"] = tenant.name
-            response = await self._dispatch(request, route, dialect, request_id, tenant, lease)
-            status, headers = response.status, response.headers
+            response = await self._dispatch(request, route, dialect, request_id, tenant, lease, trace)
+            status = response.status
             return response
         except GatewayError as exc:
             status = exc.status
             detail["error"] = exc.message
             if isinstance(exc, AdmissionRejected):
-                self._metrics.decisions.labels("-", "refused").inc()
+                record_refusal(self._metrics, trace.backend)
             return self._error_response(dialect, exc, request_id)
         except asyncio.CancelledError:
             status = 499
@@ -122,10 +131,13 @@ class Proxy:
         finally:
             lease.release()
             elapsed_s = self._clock() - started_s
+            if trace.outcome is not None:
+                detail.update(log_fields(trace.outcome))
             log.info("%s %s %d", request.method, request.path, status,
                      extra={"duration_ms": round(elapsed_s * 1000, 2), **detail})
             route_label = route.path if route is not FALLBACK else "other"
-            record(self._metrics, route_label, status, elapsed_s, headers, str(detail.get("tenant", "-")))
+            record(self._metrics, route_label, status, elapsed_s, backend=trace.backend,
+                   tenant=str(detail.get("tenant", "-")), outcome=trace.outcome)
             request_id_var.reset(token)
 
     def _error_response(self, dialect: Dialect, error: GatewayError, request_id: str) -> web.Response:
@@ -140,22 +152,24 @@ class Proxy:
 
     async def _dispatch(
         self, request: web.Request, route: Route, dialect: Dialect, request_id: str, tenant: Tenant,
-        lease: BodyLease,
+        lease: BodyLease, trace: _Trace,
     ) -> web.StreamResponse:
         if route.handling is Handling.LISTING:
             return await self._listing(request, route, request_id)
         if route.handling is Handling.PASSTHROUGH:
             model = request.match_info.get("model")
             backend = await self._registry.resolve(model, route.kind)
+            trace.backend = backend.name
             body = request.content.iter_any() if request.body_exists else None
             try:
                 return await self._forward(request, backend, body, dialect, request_id, {})
             finally:
                 if route.operation is Operation.MANAGE:
                     backend.listed_at_s = None  # a pull, create, copy or delete: list its models anew when asked
-        raw = await self._read_body(request, lease)
+        raw = await read_body(request, lease, max_bytes=int(self._settings.server.max_body_bytes))
         parsed = dialects.parse(dialect, route.operation, dialects.decode_body(raw), request.path)
         backend = await self._registry.resolve(parsed.model, route.kind)
+        trace.backend = backend.name
         if not parsed.allocates_kv:
             try:
                 return await self._forward(request, backend, raw, dialect, request_id, {})
@@ -166,20 +180,22 @@ class Proxy:
         model = pool.model if pool is not None else model
         count = await self._counter.count(parsed, backend, model)
         observer = UsageObserver() if count is not None else None  # every counted reply: truncation check
-        admission = await self._admitter.admit(
+        admitted = await self._admitter.admit(
             parsed, raw, pool, count, tenant, lambda: _gone(request),
             lambda changed: self._counter.count(
                 changed, backend, model, budget_s=self._settings.counting.refusal_count_wait_s),
         )
+        trace.outcome = admitted.outcome
         try:
-            headers = {**count_headers(count), **admission.headers}
-            response = await self._forward(request, backend, admission.body, dialect, request_id, headers, observer)
+            headers = response_headers(admitted.outcome)
+            response = await self._forward(request, backend, admitted.body, dialect, request_id, headers, observer,
+                                           admitted.outcome.forwarded_count)
         finally:
-            admission.release()
+            admitted.release()
             if backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
                 self._admitter.model_may_have_reloaded(backend, model, at_default=True)  # /v1: Ollama's default
-        if observer is not None and count is not None and response.status == 200:
-            await self._observe(parsed, backend, count, observer.prompt_tokens(), response.headers, model)
+        if observer is not None and response.status == 200:
+            await self._observe(parsed, backend, admitted.outcome, observer.prompt_tokens(), model)
         return response
 
     def _after_load_request(self, parsed: ParsedRequest, backend: Backend) -> None:
@@ -188,26 +204,29 @@ class Proxy:
             self._admitter.model_may_have_reloaded(backend, parsed.model)
 
     async def _observe(
-        self, parsed: ParsedRequest, backend: Backend, count: TokenCount, seen: int | None, sent: Mapping[str, str],
-        model: str,
+        self, parsed: ParsedRequest, backend: Backend, outcome: AdmissionOutcome, seen: int | None, model: str,
     ) -> None:
-        """Check the prompt length the backend reported against kvgate's count (a silent truncation is logged,
-        counted and shown on the status page), then, for Ollama with a real count, learn the model's template
-        overhead from it (the estimator ignores samples below the content's own tokens: those prompts were cut)."""
+        """Check the prompt length the backend reported against kvgate's count of the prompt it forwarded (a silent
+        truncation is logged, counted and shown on the status page), then, for Ollama with a real count, learn the
+        model's template overhead from it (the estimator ignores samples below the content's own tokens: those
+        prompts were cut)."""
         if seen is None:
             return
         margin = self._settings.counting.estimate_safety_margin
-        found = truncation.check_reply(sent, seen, estimate_margin=margin)
+        forwarded = outcome.forwarded_count
+        found = truncation.detect(forwarded.tokens, seen, exact=forwarded.exact, estimate_margin=margin,
+                                  counter=forwarded.counter)
         if found is not None and found.counter == ESTIMATE_COUNTER:
             # a byte estimate can run high by more than any tolerance: count the prompt for real before calling the
             # backend's figure a truncation (the client is served; the tokenizer has had time to load)
             recounted = await self._counter.count(parsed, backend, model,
                                                    budget_s=self._settings.counting.refusal_count_wait_s)
-            if recounted.counter != ESTIMATE_COUNTER and "X-Kvgate-Trimmed" not in sent:
+            if recounted.counter != ESTIMATE_COUNTER and outcome.trim is None:
                 found = truncation.detect(recounted.tokens, seen, exact=recounted.exact, estimate_margin=margin,
                                           counter=recounted.counter)
         if found is not None:
             self._report_truncation(parsed, backend, model, found)
+        count = outcome.count
         if count.counter != ESTIMATE_COUNTER and not count.exact and backend.kind is BackendKind.OLLAMA:
             await self._counter.calibrate(parsed, backend, model, seen)  # an exact count has nothing to learn
 
@@ -225,46 +244,18 @@ class Proxy:
                           counted_tokens=found.counted_tokens, reported_tokens=found.reported_tokens,
                           counter=found.counter)
 
-    def _truncation_header(self, observer: UsageObserver, status: int, sent: Mapping[str, str]) -> dict[str, str]:
+    def _truncation_header(
+        self, observer: UsageObserver, forwarded: TokenCount, status: int, sent: Mapping[str, str]
+    ) -> dict[str, str]:
         """For a reply held whole before its headers go out: name a silent truncation in a header."""
         if status != 200:
             return {}
-        found = truncation.check_reply(sent, observer.prompt_tokens(),
-                                       estimate_margin=self._settings.counting.estimate_safety_margin)
+        found = truncation.detect(forwarded.tokens, observer.prompt_tokens(), exact=forwarded.exact,
+                                  estimate_margin=self._settings.counting.estimate_safety_margin,
+                                  counter=forwarded.counter)
         if found is None or found.counter == ESTIMATE_COUNTER:  # an estimate is checked by a recount, later
             return {}
         return {truncation.TRUNCATED_HEADER: found.describe()}
-
-    async def _read_body(self, request: web.Request, lease: BodyLease) -> bytes:
-        """The whole body, decoded (gzip, deflate), at most ``server.max_body_bytes``; the bytes are held under the
-        request's lease (``server.max_held_body_bytes`` across requests) until the request is over."""
-        limit = int(self._settings.server.max_body_bytes)
-        coding = coding_of(request.headers.get("Content-Encoding"))
-        declared = request.content_length
-        if declared is not None and declared > limit:
-            raise PayloadTooLarge(f"request body is {declared:,} bytes; the limit (server.max_body_bytes) is {limit:,}")
-        decoder = BodyDecoder(coding, max_bytes=limit) if coding is not None else None
-        if decoder is None and declared is not None:
-            await lease.take(declared)  # all of it up front: no half-read body waits for room
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.content.iter_any():
-            pieces = decoder.feed(chunk) if decoder is not None else [chunk]
-            for piece in pieces:
-                size += len(piece)
-                if size > limit:
-                    raise PayloadTooLarge(
-                        f"request body is over {limit:,} bytes, the limit (server.max_body_bytes); send less"
-                    )
-                if size > lease.held_bytes:
-                    await lease.take(size - lease.held_bytes)
-                chunks.append(piece)
-        if decoder is not None:
-            for piece in decoder.finish():
-                size += len(piece)
-                await lease.take(max(0, size - lease.held_bytes))
-                chunks.append(piece)
-        return b"".join(chunks)
 
     async def _forward(
         self,
@@ -275,71 +266,32 @@ class Proxy:
         request_id: str,
         headers_out: dict[str, str],
         observer: UsageObserver | None = None,
+        forwarded: TokenCount | None = None,
     ) -> web.StreamResponse:
+        """Send the request to ``backend`` and relay its answer; with an ``observer``, the reply's usage is read on
+        the way and a reply held whole names a silent truncation of the ``forwarded`` prompt in a header."""
         timeouts = backend.settings.timeouts
         headers = upstream_request_headers(
             request.headers, host=backend.host_header, request_id=request_id, api_key=backend.api_key,
             client_ip=request.remote, strip_client_keys=self._tenants.enabled,
             body_decoded=isinstance(body, bytes),  # a body kvgate read is forwarded decoded (gateway.body.encoding)
         )
-        upstream = await self._open(request.method, backend, request.raw_path, headers, body)
+        upstream = await backend.client.open(request.method, request.raw_path, headers, body)
         try:
             return await relay(
                 request, upstream, dialect=dialect, idle_s=timeouts.idle_s, request_id=request_id,
                 backend_label=backend.describe(), extra_headers={"X-Kvgate-Backend": backend.name, **headers_out},
                 observer=observer, coalesce_s=self._settings.server.stream_coalesce_s,
-                held_headers=None if observer is None else functools.partial(self._truncation_header, observer),
+                held_headers=None if observer is None or forwarded is None
+                else functools.partial(self._truncation_header, observer, forwarded),
             )
         finally:
             upstream.close()
 
-    async def _open(
-        self, method: str, backend: Backend, path_qs: str, headers: Any, body: bytes | AsyncIterator[bytes] | None
-    ) -> aiohttp.ClientResponse:
-        timeouts = backend.settings.timeouts
-        client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s)
-        label = backend.describe()
-        url = backend.url_for(path_qs)
-        try:
-            async with asyncio.timeout(timeouts.first_byte_s):
-                for attempt in (1, 2):
-                    try:
-                        return await self._session.request(
-                            method, url, headers=headers, data=body, timeout=client_timeout, allow_redirects=False,
-                            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
-                        )
-                    except aiohttp.ServerDisconnectedError:
-                        # A pooled connection the server closed while idle (its keep-alive ran out as this request
-                        # went out): nothing was answered, so a body kvgate holds whole is sent once more.
-                        if attempt == 2 or not isinstance(body, bytes | None):
-                            raise
-                        log.info("%s closed a kept-alive connection before answering; sending again", label)
-                raise AssertionError("unreachable")
-        except TimeoutError:
-            raise BackendTimeout(
-                f"{label} sent no response within {timeouts.first_byte_s:g} s (timeouts.first_byte_s)"
-            ) from None
-        except aiohttp.ConnectionTimeoutError:
-            raise BackendTimeout(f"{label} did not accept a connection within {timeouts.connect_s:g} s") from None
-        except aiohttp.ClientConnectorError as exc:
-            raise BackendUnavailable(f"{label} is unreachable: {exc.strerror or exc}") from None
-        except aiohttp.ClientError as exc:
-            raise BackendUnavailable(f"{label} failed before answering: {exc or type(exc).__name__}") from None
-
     async def _get_json(self, backend: Backend, path: str) -> dict[str, Any]:
         if path == models.list_path(backend.kind):
-            return await self._registry.fetch_listing(backend)
-        headers = {"Host": backend.host_header}
-        if backend.api_key:
-            headers["Authorization"] = f"Bearer {backend.api_key}"
-        timeouts = backend.settings.timeouts
-        timeout = aiohttp.ClientTimeout(total=timeouts.first_byte_s, sock_connect=timeouts.connect_s)
-        async with self._session.get(backend.url_for(path), headers=headers, timeout=timeout) as response:
-            response.raise_for_status()
-            data = orjson.loads(await response.read())
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        return data
+            return await self._registry.fetch_listing(backend)  # the one listing fetch: it keeps the model names
+        return await backend.client.get_json(path)
 
     async def _listing(self, request: web.Request, route: Route, request_id: str) -> web.Response:
         """``/api/tags``, ``/api/ps`` and ``/v1/models``: the lists of all backends, merged."""
@@ -355,10 +307,10 @@ class Proxy:
         unreachable: list[str] = []
         for backend, result in zip(backends, results, strict=True):
             if isinstance(result, BaseException):
-                if not isinstance(result, aiohttp.ClientError | TimeoutError | ValueError | orjson.JSONDecodeError):
+                if not isinstance(result, BackendCallError):
                     raise result
                 unreachable.append(backend.name)
-                log.warning("could not list %s on %s: %s", path, backend.describe(), result or type(result).__name__)
+                log.warning("could not list %s: %s", path, result.message)
                 continue
             if path == "/v1/models":
                 groups.append(models.as_openai_models(result))

@@ -59,6 +59,3 @@ class SingleFlight(Generic[K, V]):
             entry = self._calls.get(key)
             if entry is not None and entry[1] is future:
                 del self._calls[key]
-
-    def forget(self, key: K) -> None:
-        self._calls.pop(key, None)

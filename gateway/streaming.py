@@ -32,8 +32,9 @@ import aiohttp
 from aiohttp import web
 
 from gateway import dialects
+from gateway.backends.client import broken_off
 from gateway.domain import Dialect
-from gateway.errors import BackendTimeout, BackendUnavailable, GatewayError
+from gateway.errors import BackendTimeout, GatewayError
 from gateway.headers import downstream_response_headers, stream_kind
 from gateway.observability.usage import UsageObserver
 from gateway.serving import CONNECTIONS
@@ -146,7 +147,7 @@ async def _hold(
     except TimeoutError:
         raise BackendTimeout(f"{backend_label} stalled: no data for {idle_s:g} s (timeouts.idle_s)") from None
     except aiohttp.ClientError as exc:
-        raise BackendUnavailable(f"{backend_label} broke off its response: {exc or type(exc).__name__}") from None
+        raise broken_off(exc, backend_label) from None
     return b"".join(chunks), content.at_eof()
 
 
@@ -248,7 +249,7 @@ async def pump(
                             await content.wait_eof()
                     chunk += content.read_nowait()
             except aiohttp.ClientError as exc:
-                error = BackendUnavailable(f"{backend_label} broke off the stream: {exc or type(exc).__name__}")
+                error = broken_off(exc, backend_label, "stream")
                 if not chunk:
                     return error
             if not chunk:

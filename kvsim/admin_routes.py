@@ -1,6 +1,7 @@
 """The simulator's own routes: the virtual GPU, foreign processes, and counters.
 
 GET    /sim/gpu                 devices (total/used/free bytes) and processes, with a timestamp
+GET    /sim/metrics             the devices as nvidia_gpu_exporter's Prometheus text (what a gateway reads)
 GET    /sim/processes           the processes on the virtual GPU
 POST   /sim/processes           {"name": "trainer", "bytes": 8589934592, "device": 0} -> 201 {"pid": ...}
 DELETE /sim/processes/{pid}     end a foreign process (404 if there is none)
@@ -14,8 +15,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from kvsim.gpu.exporter import CONTENT_TYPE, EXPORTER_PATH, exporter_text
+from kvsim.gpu.vgpu import GpuSnapshot
 from kvsim.state import SIM_STATE, SimState
-from kvsim.vgpu import GpuSnapshot
 
 
 def snapshot_json(snapshot: GpuSnapshot, taken_at_s: float) -> dict[str, Any]:
@@ -46,6 +48,11 @@ def _reply(status: int, body: Any) -> web.Response:
 async def gpu(request: web.Request) -> web.Response:
     state = request.app[SIM_STATE]
     return _reply(200, snapshot_json(state.vgpu.snapshot(), state.clock.now()))
+
+
+async def metrics(request: web.Request) -> web.Response:
+    text = exporter_text(request.app[SIM_STATE].vgpu.snapshot())
+    return web.Response(status=200, body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
 
 async def processes(request: web.Request) -> web.Response:
@@ -106,6 +113,7 @@ async def stats(request: web.Request) -> web.Response:
 
 def add_admin_routes(app: web.Application) -> None:
     app.router.add_get("/sim/gpu", gpu)
+    app.router.add_get(EXPORTER_PATH, metrics)
     app.router.add_get("/sim/processes", processes)
     app.router.add_post("/sim/processes", add_process)
     app.router.add_delete("/sim/processes/{pid}", remove_process)

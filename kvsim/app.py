@@ -6,26 +6,20 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from kvsim import (
-    anthropic_routes,
-    llama_info,
-    llama_routes,
-    ollama_models,
-    ollama_routes,
-    openai_routes,
-    responses_routes,
-)
 from kvsim.admin_routes import add_admin_routes
 from kvsim.catalog import select
 from kvsim.clock import Clock, ScaledClock
 from kvsim.config import SimConfig
-from kvsim.host_check import ollama_edge
-from kvsim.llama_engine import LlamaServerEngine
-from kvsim.ollama_service import OllamaService
-from kvsim.scheduler import OllamaScheduler
+from kvsim.gpu.vgpu import DeviceSpec, VirtualGpu
+from kvsim.llama_server import llama_info, llama_routes
+from kvsim.llama_server.llama_engine import LlamaServerEngine
+from kvsim.ollama import ollama_models, ollama_routes
+from kvsim.ollama.compat import anthropic_routes, openai_routes, responses_routes
+from kvsim.ollama.host_check import ollama_edge
+from kvsim.ollama.ollama_service import OllamaService
+from kvsim.ollama.scheduler import OllamaScheduler
 from kvsim.state import SIM_STATE, SimState
 from kvsim.stats import SimStats
-from kvsim.vgpu import DeviceSpec, VirtualGpu
 
 
 def build_state(config: SimConfig, *, clock: Clock | None = None) -> SimState:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kvsim.gpu.weights import Architecture, FileType
 from kvsim.modelspec import ModelSpec, human_number, model_info
-from kvsim.weights import Architecture, FileType
 
 __all__ = ["CATALOG", "DEFAULT_MODELS", "ModelSpec", "canonical_name", "human_number", "lookup", "model_info", "select"]
 

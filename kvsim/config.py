@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.memory.kv import CacheType, parse_cache_type
 from kvsim.catalog import DEFAULT_MODELS
-from kvsim.vgpu import GIB
+from kvsim.gpu.kv_cache import CacheType, parse_cache_type
+from kvsim.gpu.vgpu import GIB
 
 Mode = Literal["ollama", "llama-server"]
 Era = Literal["e3", "e2"]

@@ -8,7 +8,7 @@ The message strings below are the real servers' (facts/ollama.md sections 4 and 
 
 from __future__ import annotations
 
-from kvsim.vgpu import GIB, MIB, AllocationFailure
+from kvsim.gpu.vgpu import GIB, MIB, AllocationFailure
 
 QUEUE_FULL = "server busy, please try again.  maximum pending requests exceeded"
 REQUEST_CANCELED = "request canceled"

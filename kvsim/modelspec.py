@@ -1,7 +1,8 @@
 """One model as the simulator knows it: hyper-parameters, tensors, tokenizer, and its GGUF key/values.
 
-``model_info`` is ``/api/show``'s map (the GGUF key/values, arrays null unless verbose); ``shape`` is the same
-model in the memory helper's ``ModelShape``, which parses back from ``model_info`` unchanged. Pure data.
+``model_info`` is ``/api/show``'s map (the GGUF key/values, arrays null unless verbose): what a client (the
+gateway) reads to size the KV cache; ``kvsim.gpu.kv_cache.AttentionLayers.of`` is the same model as the simulated
+runtimes allocate it. Pure data.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
-from gateway.memory.kv import ModelShape
-from kvsim.weights import Architecture, FileType, WeightBytes, weight_bytes
+from kvsim.gpu.weights import Architecture, FileType, WeightBytes, weight_bytes
 
 _HEADER_BYTES = 4 * 1024 * 1024  # key/values + tensor infos outside the tokenizer arrays (approximate)
 
@@ -72,25 +72,6 @@ class ModelSpec:
             return (False,) * self.arch.n_layers
         p = self.swa_period
         return tuple(il % p < p - 1 for il in range(self.arch.n_layers))
-
-    @property
-    def shape(self) -> ModelShape:
-        """The KV-sizing hyper-parameters, in the memory helper's type."""
-        a = self.arch
-        return ModelShape(
-            architecture=self.gguf_arch,
-            n_layers=a.n_layers,
-            n_embd=a.n_embd,
-            n_head=(a.n_head,) * a.n_layers,
-            n_head_kv=(0 if self.is_embedding else a.n_head_kv,) * a.n_layers,
-            key_length=a.head_dim,
-            value_length=a.head_dim,
-            key_length_swa=a.head_dim,
-            value_length_swa=a.head_dim,
-            swa_layers=self.swa_layers,
-            sliding_window=self.sliding_window,
-            n_ctx_train=self.n_ctx_train,
-        )
 
     def with_file_type(self, name: str, file_type: FileType) -> ModelSpec:
         return replace(self, name=name, file_type=file_type)

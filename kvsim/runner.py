@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 
 from aiohttp import web
 
-from gateway.memory.vram import parse_size
 from kvsim.app import create_sim_app
 from kvsim.catalog import CATALOG, DEFAULT_MODELS
 from kvsim.clock import Clock
 from kvsim.config import SimConfig
-from kvsim.godur import DurationError, parse_keep_alive
+from kvsim.gpu.exporter import EXPORTER_PATH
+from kvsim.ollama.godur import DurationError, parse_keep_alive
 
 __all__ = ["SimConfig", "add_sim_arguments", "run_sim_forever", "sim_config_from_args", "start_sim"]
 
@@ -34,7 +35,8 @@ async def start_sim(
 async def run_sim_forever(config: SimConfig, host: str = "127.0.0.1", port: int = 11434) -> None:
     runner, url = await start_sim(config, host, port)
     gpus = ", ".join(f"{size / 2**30:.0f} GiB" for size in config.gpu_bytes)
-    print(f"kvgate sim: {config.mode} ({config.era}) on {url}, GPUs: {gpus}", file=sys.stderr, flush=True)
+    print(f"kvgate sim: {config.mode} ({config.era}) on {url}, GPUs: {gpus}; GPU exporter at {url}{EXPORTER_PATH}",
+          file=sys.stderr, flush=True)
     try:
         await asyncio.Event().wait()
     finally:
@@ -46,6 +48,21 @@ def _duration(text: str) -> float:
         return parse_keep_alive(float(text) if text.lstrip("-").replace(".", "", 1).isdigit() else text)
     except DurationError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS |= {f"{p}{s}": 1024 ** (i + 1) for i, p in enumerate("kmgt") for s in ("", "ib")}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in '24GiB', '24 GB', '512M' (binary), '80000000000'."""
+    match = _SIZE.match(text)
+    unit = (match[2] or "").lower() if match else ""
+    if match is None or unit not in _UNITS or float(match[1]) <= 0:
+        raise ValueError(f"cannot read {text!r} as a GPU size; expected bytes or a number with KiB/MiB/GiB/TiB "
+                         "(or K/M/G/T) or KB/MB/GB/TB, e.g. 24GiB")
+    return round(float(match[1]) * _UNITS[unit])
 
 
 def _size(text: str) -> int:

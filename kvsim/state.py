@@ -9,11 +9,11 @@ from aiohttp import web
 from kvsim.catalog import ModelSpec
 from kvsim.clock import Clock
 from kvsim.config import SimConfig
-from kvsim.llama_engine import LlamaServerEngine
-from kvsim.ollama_service import OllamaService
-from kvsim.scheduler import OllamaScheduler
+from kvsim.gpu.vgpu import VirtualGpu
+from kvsim.llama_server.llama_engine import LlamaServerEngine
+from kvsim.ollama.ollama_service import OllamaService
+from kvsim.ollama.scheduler import OllamaScheduler
 from kvsim.stats import SimStats
-from kvsim.vgpu import VirtualGpu
 
 
 @dataclass

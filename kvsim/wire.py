@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kvsim import gojson
+from kvsim.ollama import gojson
 
 JSON_TYPE = "application/json; charset=utf-8"
 

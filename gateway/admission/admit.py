@@ -2,17 +2,19 @@
 
 It holds the glue between the proxy and the pure admission core: it builds the request's cost from its count and
 limits, finds the model's KV pool, waits in the waiting room for a permit, and rewrites the body as the planner
-said. The permit travels with the response and is released exactly once, when the response ends for any reason.
+said. What it did comes back as data (``outcome.AdmissionOutcome``), beside the body to forward and the permit.
+The permit travels with the response and is released exactly once, when the response ends for any reason.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway import dialects
 from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, Rewrites, WaitingRoom
+from gateway.admission.outcome import AdmissionOutcome, Admitted, Reserved, Trim
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
 from gateway.admission.pools import PoolDirectory
 from gateway.admission.tenants import Tenant
@@ -23,7 +25,6 @@ from gateway.errors import BadRequest
 from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.fitting.trim import trim_history
 from gateway.tokens import TokenCount
-from gateway.tokens.prompt_counter import count_headers
 
 Recount = Callable[[ParsedRequest], Awaitable[TokenCount]]
 
@@ -41,25 +42,23 @@ def policy_from(config: AdmissionConfig) -> Policy:
     )
 
 
-@dataclass
-class Admission:
-    """What to forward: the body (rewritten or the client's own) and headers telling the client what happened."""
+@dataclass(frozen=True, slots=True)
+class _Fitted:
+    """The request a permit was granted for (the client's, or trimmed), its cost, and how it came to fit."""
 
-    body: bytes
-    headers: dict[str, str] = field(default_factory=dict)
-    permit: Permit | None = None
-
-    def release(self) -> None:
-        if self.permit is not None:
-            self.permit.release()
+    parsed: ParsedRequest
+    cost: RequestCost
+    permit: Permit
+    recount: TokenCount | None = None
+    trim: Trim | None = None
 
 
-def _tenant_capped(parsed: ParsedRequest, raw: bytes, cap: int | None) -> Admission:
+def _tenant_capped(parsed: ParsedRequest, raw: bytes, cap: int | None, outcome: AdmissionOutcome) -> Admitted:
     """Without a pool to plan against, only the tenant's output cap applies."""
     body, changes = apply_rewrites(parsed, Rewrites(max_output_tokens=cap))
     if body is None:
-        return Admission(raw)
-    return Admission(encode_body(body), {"X-Kvgate-Rewrite": "; ".join(changes)})
+        return Admitted(raw, outcome)
+    return Admitted(encode_body(body), replace(outcome, rewrites=tuple(changes)))
 
 
 def _check_prompt_cap(tenant: Tenant, count: TokenCount) -> None:
@@ -111,20 +110,20 @@ class Admitter:
         tenant: Tenant,
         is_disconnected: Callable[[], bool],
         recount: Recount,
-    ) -> Admission:
+    ) -> Admitted:
         """Reserve the request's sequences in ``pool`` (waiting if it must) and rewrite its body as planned.
 
         Nothing is refused on an estimate: a prompt that looks too long (for the tenant's cap or the context) is
         counted for real first (``recount`` waits for a tokenizer still loading)."""
-        headers: dict[str, str] = {}
+        outcome = AdmissionOutcome(count)
         cap = tenant.max_prompt_tokens
         if cap is not None and count.tokens > cap and not count.exact:
             count = await recount(parsed)
-            headers.update(count_headers(count))
+            outcome = replace(outcome, recount=count)
         _check_prompt_cap(tenant, count)
         limit, capped = _output_cap(parsed, tenant)
         if pool is None:
-            return _tenant_capped(parsed, raw, limit if capped else None)
+            return _tenant_capped(parsed, raw, limit if capped else None, outcome)
         cost = RequestCost(
             prompt_tokens=count.tokens,
             prompt_exact=count.exact,
@@ -137,46 +136,50 @@ class Admitter:
         policy = self._policy
         if tenant.max_active is not None:
             policy = replace(policy, per_tenant_max_active=tenant.max_active)
-        fitted, cost, permit = await self._acquire_fitting(parsed, pool, cost, policy, is_disconnected, recount,
-                                                           headers)
+        fitted = await self._acquire_fitting(parsed, pool, cost, policy, is_disconnected, recount)
+        permit = fitted.permit
         rewrites = permit.admit.rewrites
         if capped and rewrites.max_output_tokens is None:
-            rewrites = replace(rewrites, max_output_tokens=cost.max_output_tokens)
+            rewrites = replace(rewrites, max_output_tokens=fitted.cost.max_output_tokens)
         try:
-            body, changes = apply_rewrites(fitted, rewrites)
-            if body is None and fitted is not parsed:
-                body = fitted.body  # trimmed, nothing else to change
+            body, changes = apply_rewrites(fitted.parsed, rewrites)
+            if body is None and fitted.parsed is not parsed:
+                body = fitted.parsed.body  # trimmed, nothing else to change
             forwarded = raw if body is None else encode_body(body)
         except BaseException:
             permit.release()
             raise
-        headers["X-Kvgate-Reserved-Tokens"] = str(permit.admit.reserve_tokens)
-        headers["X-Kvgate-Queue-Wait"] = f"{permit.waited_s:.3f}"
-        if changes:
-            headers["X-Kvgate-Rewrite"] = "; ".join(changes)
-        return Admission(forwarded, headers, permit)
+        admit = permit.admit
+        outcome = replace(
+            outcome, recount=fitted.recount or outcome.recount, rewrites=tuple(changes), trim=fitted.trim,
+            waited_s=permit.waited_s, reserved=Reserved(pool.key, admit.reserve_tokens, admit.sequences),
+            notes=(*self._pools.notes_for(pool), *admit.notes),
+        )
+        return Admitted(forwarded, outcome, permit)
 
     async def _acquire_fitting(
         self, parsed: ParsedRequest, pool: PoolSpec, cost: RequestCost, policy: Policy,
-        is_disconnected: Callable[[], bool], recount: Recount, headers: dict[str, str],
-    ) -> tuple[ParsedRequest, RequestCost, Permit]:
+        is_disconnected: Callable[[], bool], recount: Recount,
+    ) -> _Fitted:
         """A permit for the request as it is, or once really counted, or trimmed to fit; the request and cost it
         was granted for. A prompt too long for the context is refused only after all three."""
         permit = await self._acquire(pool, cost, policy, is_disconnected)
+        counted: TokenCount | None = None
         if isinstance(permit, AdmissionRejected) and not cost.prompt_exact:
             counted = await recount(parsed)
             if counted.exact:
                 cost = replace(cost, prompt_tokens=counted.tokens, prompt_exact=True)
-                headers.update(count_headers(counted))
                 permit = await self._acquire(pool, cost, policy, is_disconnected)
+            else:
+                counted = None
         if not isinstance(permit, AdmissionRejected):
-            return parsed, cost, permit
+            return _Fitted(parsed, cost, permit, counted)
         trimmed = await self._trim(permit, parsed, pool, cost, recount)
         if trimmed is None:
             raise permit
-        parsed, cost, note = trimmed
-        headers.update({"X-Kvgate-Trimmed": note, "X-Kvgate-Prompt-Tokens": str(cost.prompt_tokens)})
-        return parsed, cost, await self.room.acquire(pool.key, pool, cost, policy, is_disconnected=is_disconnected)
+        parsed, trimmed_cost, trim = trimmed
+        granted = await self.room.acquire(pool.key, pool, trimmed_cost, policy, is_disconnected=is_disconnected)
+        return _Fitted(parsed, trimmed_cost, granted, counted, trim)
 
     async def _acquire(
         self, pool: PoolSpec, cost: RequestCost, policy: Policy, is_disconnected: Callable[[], bool]
@@ -191,7 +194,7 @@ class Admitter:
 
     async def _trim(
         self, rejected: AdmissionRejected, parsed: ParsedRequest, pool: PoolSpec, cost: RequestCost, recount: Recount
-    ) -> tuple[ParsedRequest, RequestCost, str] | None:
+    ) -> tuple[ParsedRequest, RequestCost, Trim] | None:
         """Drop the oldest history so the prompt fits, leaving room for the output; None when it can't."""
         if rejected.code != CONTEXT_LENGTH_EXCEEDED or self._config.on_too_long != "trim" or not parsed.messages:
             return None
@@ -209,5 +212,5 @@ class Admitter:
         trimmed = await trim_history(list(parsed.messages), count, target)
         if trimmed is None:
             return None
-        note = trimmed.describe(len(parsed.messages), cost.prompt_tokens)
-        return with_messages(trimmed.messages), replace(cost, prompt_tokens=trimmed.prompt_tokens), note
+        trim = Trim(trimmed.dropped, len(parsed.messages), cost.prompt_tokens, trimmed.prompt_tokens)
+        return with_messages(trimmed.messages), replace(cost, prompt_tokens=trimmed.prompt_tokens), trim

@@ -63,6 +63,7 @@ from gateway.admission.types import (
     Rewrites,
     Wait,
 )
+from gateway.domain import BackendKind
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 TOO_MANY_SEQUENCES = "too_many_sequences"
@@ -108,7 +109,7 @@ class _Fit:
 def _context(cost: RequestCost, pool: PoolSpec, policy: Policy) -> _Fit:
     loaded = pool.slot_ctx_tokens
     asked = cost.requested_num_ctx
-    if pool.backend_kind != "ollama" or asked == loaded:
+    if pool.backend_kind is not BackendKind.OLLAMA or asked == loaded:
         return _Fit(loaded)
     if asked is None:
         if not policy.pin_num_ctx:

@@ -17,6 +17,12 @@ A layout is reused for ``admission.pool_refresh_s``, or until a response may hav
 Several requests never start several probes of one pool: they share one. A probe that fails is retried for up to
 ``admission.probe_wait_s`` while its requests wait; then they are refused with 503 and Retry-After, never admitted
 without a ledger. A pool probed before keeps its last layout while a refresh fails.
+
+"Could not probe" and "does not fit" are different answers. A backend that is unreachable or answers nonsense
+(``ProbeError``) is retried, then refused with 503, as above. A model that does not fit free VRAM, or whose profile
+can't be derived, is a decision with numbers (:class:`ModelDoesNotFit`, :class:`ContextUnknown`): the pool is planned
+with ``admission.default_context_tokens``, the reason is logged once and kept as a note (``notes_for``) that every
+admission outcome in that pool carries.
 """
 
 from __future__ import annotations
@@ -25,17 +31,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import PurePath
 
 from gateway.admission import PoolSpec
 from gateway.backends import Backend
-from gateway.backends.prober import ProbeError
+from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
 from gateway.config import Settings
 from gateway.domain import BackendKind
 from gateway.errors import BackendNotReady
 from gateway.memory.estimate import estimate
-from gateway.memory.kv import CTX_PAD_TOKENS, parse_cache_type
+from gateway.memory.kv import CTX_PAD_TOKENS
 from gateway.memory.vram import VramUnavailable
 
 log = logging.getLogger(__name__)
@@ -44,6 +51,32 @@ PROBE_RETRY_FIRST_S = 0.25
 PROBE_RETRY_MAX_S = 2.0
 PoolId = tuple[str, str]
 """(backend name, model as the backend names it; "" for servers of one pool)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDoesNotFit:
+    """The model's weights with even the smallest context need more than the free VRAM."""
+
+    needed_bytes: int
+    free_bytes: int
+    context_tokens: int
+
+    def describe(self) -> str:
+        return (f"it does not fit free VRAM: {self.needed_bytes / 2**30:.1f} GiB needed at a context of "
+                f"{self.context_tokens} tokens, {self.free_bytes / 2**30:.1f} GiB free")
+
+
+@dataclass(frozen=True, slots=True)
+class ContextUnknown:
+    """No context can be derived: no VRAM reading, or no profile of the model."""
+
+    reason: str
+
+    def describe(self) -> str:
+        return self.reason
+
+
+NoContext = ModelDoesNotFit | ContextUnknown
 
 
 def unadmitted_reason(backend: Backend) -> str | None:
@@ -75,6 +108,7 @@ class PoolDirectory:
         self._checking_default: set[PoolId] = set()
         self._default_confirmed: set[PoolId] = set()
         self._failures: dict[PoolId, str] = {}
+        self._context_notes: dict[PoolId, str] = {}
         self.disagreements: dict[PoolId, str] = {}
         """Configured contexts the backend's loaded models disagree with (for the status page)."""
         self.probes = 0
@@ -119,7 +153,7 @@ class PoolDirectory:
             self.probes += 1
             try:
                 pool = await self._probe(backend, pool_id[1])
-            except (ProbeError, LookupError, ValueError) as exc:
+            except ProbeError as exc:
                 reason = str(exc) or type(exc).__name__
                 cached = self._cache.get(pool_id)
                 if self._failures.get(pool_id) != reason:  # once per reason, not every refresh
@@ -149,6 +183,12 @@ class PoolDirectory:
             return pool
 
     async def _probe(self, backend: Backend, model: str) -> PoolSpec:
+        try:
+            return await self._layout(backend, model)
+        except ValueError as exc:  # numbers no pool can have (a context of 0 tokens): a bad answer
+            raise ProbeError(f"{_label(backend, model)} reports an impossible KV layout: {exc}") from exc
+
+    async def _layout(self, backend: Backend, model: str) -> PoolSpec:
         if backend.kind is BackendKind.OLLAMA:
             return await self._ollama_pool(backend, model)
         props = await self._probes.llama_props(backend)
@@ -157,7 +197,7 @@ class PoolDirectory:
         name = alias or PurePath(props.model_path).name or backend.name
         slots = props.total_slots or settings.parallel or 1
         if settings.unified_kv is False:
-            return PoolSpec.split_pool(backend.name, name, str(backend.kind), slot_ctx_tokens=props.n_ctx_slot,
+            return PoolSpec.split_pool(backend.name, name, backend.kind, slot_ctx_tokens=props.n_ctx_slot,
                                        slots=slots)
         return PoolSpec.unified_pool(backend.name, name, pool_tokens=props.n_ctx_slot, slots=slots)
 
@@ -167,11 +207,16 @@ class PoolDirectory:
         if loaded is None:
             loaded = await self._load(backend, model)
         context = loaded
-        if context is None:
-            context = settings.context_tokens or await self._auto_context(backend, model)
-        elif settings.context_tokens is not None and settings.context_tokens != context:
-            self._note_disagreement(backend, model, context)
-        return PoolSpec.split_pool(backend.name, model, str(backend.kind), slot_ctx_tokens=context,
+        if context is None and settings.context_tokens is None:
+            context = await self._auto_context(backend, model)
+        else:
+            self._context_notes.pop((backend.name, model), None)
+            if context is None:
+                context = settings.context_tokens
+            elif settings.context_tokens is not None and settings.context_tokens != context:
+                self._note_disagreement(backend, model, context)
+        assert context is not None
+        return PoolSpec.split_pool(backend.name, model, backend.kind, slot_ctx_tokens=context,
                                    slots=settings.parallel or 1)
 
     async def _load(self, backend: Backend, model: str) -> int | None:
@@ -214,39 +259,66 @@ class PoolDirectory:
         assert settings.parallel is not None and settings.context_tokens is not None
         if settings.unified_kv:
             return PoolSpec.unified_pool(backend.name, "", pool_tokens=settings.context_tokens,
-                                         slots=settings.parallel, backend_kind=str(backend.kind))
-        return PoolSpec.split_pool(backend.name, "", str(backend.kind), slot_ctx_tokens=settings.context_tokens,
+                                         slots=settings.parallel, backend_kind=backend.kind)
+        return PoolSpec.split_pool(backend.name, "", backend.kind, slot_ctx_tokens=settings.context_tokens,
                                    slots=settings.parallel)
 
     async def _auto_context(self, backend: Backend, model: str) -> int:
-        """The Modelfile's num_ctx; else the largest context (to a cap) that fits free VRAM beside what runs."""
+        """The context a model nothing else names is planned with: what :meth:`_fit_context` finds, else (it does not
+        fit, or nothing can be derived) ``admission.default_context_tokens``, logged with the reason and kept as the
+        pool's note."""
+        pool_id = (backend.name, model)
+        found = await self._fit_context(backend, model)
+        if isinstance(found, int):
+            self._context_notes.pop(pool_id, None)
+            return found
+        default = self._settings.admission.default_context_tokens
+        note = (f"{_label(backend, model)}: {found.describe()}; planned with a context of {default} tokens "
+                "(admission.default_context_tokens)")
+        if self._context_notes.get(pool_id) != note:  # once per reason, not every refresh
+            log.log(logging.WARNING if isinstance(found, ModelDoesNotFit) else logging.INFO, "%s", note)
+        self._context_notes[pool_id] = note
+        return default
+
+    async def _fit_context(self, backend: Backend, model: str) -> int | NoContext:
+        """The Modelfile's num_ctx; else the largest context (to a cap) that fits free VRAM beside what runs. Raises
+        ProbeError only when the backend can't be asked."""
         config = self._settings.admission
-        profile = await self._probes.profile(backend, model)
+        try:
+            profile = await self._probes.profile(backend, model)
+        except (ProfileUnderivable, LookupError) as exc:  # the backend answered; asking again won't help
+            return ContextUnknown(f"its profile can't be derived ({exc})")
         if profile.context_tokens:
             return profile.context_tokens
         try:
             reading = await self._probes.vram(backend)
         except VramUnavailable as exc:
-            log.info("no VRAM reading for %s (%s); context defaults to %d", backend.describe(), exc,
-                     config.default_context_tokens)
-            reading = None
+            return ContextUnknown(f"no VRAM reading ({exc})")
         if reading is None:
-            return config.default_context_tokens
+            return ContextUnknown("no VRAM source is configured (the backend's vram setting)")
         cap = min(config.max_auto_context_tokens, profile.shape.n_ctx_train or config.max_auto_context_tokens)
         settings = backend.settings
-        fit = estimate(
-            profile, context=cap, parallel=settings.parallel or 1, type_k=parse_cache_type(settings.cache_type_k),
-            type_v=parse_cache_type(settings.cache_type_v), vram_total_bytes=reading.total_bytes,
-            vram_free_bytes=reading.free_bytes,
-        )
+        try:
+            fit = estimate(
+                profile, context=cap, parallel=settings.parallel or 1, type_k=settings.cache_type_k,
+                type_v=settings.cache_type_v, vram_total_bytes=reading.total_bytes,
+                vram_free_bytes=reading.free_bytes,
+            )
+            smallest = estimate(profile, context=CTX_PAD_TOKENS, parallel=settings.parallel or 1,
+                                type_k=settings.cache_type_k, type_v=settings.cache_type_v)
+        except ValueError as exc:
+            return ContextUnknown(f"its memory can't be estimated ({exc})")
         context = min(cap, fit.max_context_tokens or 0)
         if context < CTX_PAD_TOKENS:
-            log.warning("model %r does not fit in %.1f GiB of free VRAM; planning with a context of %d", model,
-                        reading.free_bytes / 2**30, config.default_context_tokens)
-            return config.default_context_tokens
+            return ModelDoesNotFit(smallest.cost.total_bytes, reading.free_bytes, CTX_PAD_TOKENS)
         log.info("pinning model %r on %s to a context of %d tokens (fits free VRAM)", model, backend.describe(),
                  context)
         return context
+
+    def notes_for(self, pool: PoolSpec) -> tuple[str, ...]:
+        """What operators should know about how the pool's context was chosen (a fallback and its reason)."""
+        note = self._context_notes.get((pool.backend, pool.model))
+        return () if note is None else (note,)
 
     def known(self) -> dict[tuple[str, str], PoolSpec]:
         """Every pool probed so far, by (backend, model) (for metrics and the status page)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
-BACKEND_KINDS = frozenset({"ollama", "llama-server", "openai"})
+from gateway.domain import BackendKind
 
 
 class PoolKey(NamedTuple):
@@ -33,15 +33,16 @@ class PoolSpec:
 
     backend: str
     model: str
-    backend_kind: str
+    backend_kind: BackendKind
     slot_ctx_tokens: int
     slots: int
     unified: bool
     pool_tokens: int
 
     def __post_init__(self) -> None:
-        if self.backend_kind not in BACKEND_KINDS:
-            raise ValueError(f"backend_kind is {self.backend_kind!r}; expected one of {sorted(BACKEND_KINDS)}")
+        if not isinstance(self.backend_kind, BackendKind):
+            kinds = sorted(kind.value for kind in BackendKind)
+            raise ValueError(f"backend_kind is {self.backend_kind!r}; expected a BackendKind, one of {kinds}")
         if self.slot_ctx_tokens < 1 or self.slots < 1:
             raise ValueError(f"slot_ctx_tokens ({self.slot_ctx_tokens}) and slots ({self.slots}) must be at least 1")
         if self.pool_tokens < self.slot_ctx_tokens:
@@ -51,14 +52,16 @@ class PoolSpec:
             )
 
     @classmethod
-    def split_pool(cls, backend: str, model: str, backend_kind: str, *, slot_ctx_tokens: int, slots: int) -> PoolSpec:
+    def split_pool(
+        cls, backend: str, model: str, backend_kind: BackendKind, *, slot_ctx_tokens: int, slots: int
+    ) -> PoolSpec:
         """Private slots: the pool is exactly ``slot_ctx_tokens * slots``."""
         return cls(backend, model, backend_kind, slot_ctx_tokens, slots, False, slot_ctx_tokens * slots)
 
     @classmethod
     def unified_pool(
         cls, backend: str, model: str, *, pool_tokens: int, slots: int, slot_ctx_tokens: int | None = None,
-        backend_kind: str = "llama-server",
+        backend_kind: BackendKind = BackendKind.LLAMA_SERVER,
     ) -> PoolSpec:
         """A unified pool (llama-server's); a slot may grow to the whole pool unless ``--kv-unified-per-slot``
         caps it."""

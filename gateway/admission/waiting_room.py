@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Every request enters through ``admit``. It joins its pool's queue, ordered by priority (higher first) then arrival,
+Every request enters through ``acquire``. It joins its pool's queue, ordered by priority (higher first) then arrival,
 and the room *dispatches* that queue: walking it in order, it asks ``plan`` about each waiter with a fresh ledger
 snapshot, reserves for every Admit, fails every Reject, and leaves every Wait in place. A request that fits when it
 arrives (and may pass whoever waits) is therefore admitted without yielding to the event loop. Dispatch runs again
@@ -91,19 +91,6 @@ class WaitingRoom:
     def ledger(self) -> Ledger:
         return self._ledger
 
-    async def admit(
-        self,
-        key: PoolKey | tuple[str, str],
-        pool: PoolSpec,
-        cost: RequestCost,
-        policy: Policy,
-        *,
-        is_disconnected: Callable[[], bool] | None = None,
-    ) -> tuple[Reservation, Admit]:
-        """Wait until the request is admitted and reserved; raise ``AdmissionRejected`` when it never will be."""
-        grant = await self._admit(PoolKey(*key), pool, cost, policy, is_disconnected)
-        return grant.reservation, grant.admit
-
     async def acquire(
         self,
         key: PoolKey | tuple[str, str],
@@ -113,7 +100,9 @@ class WaitingRoom:
         *,
         is_disconnected: Callable[[], bool] | None = None,
     ) -> Permit:
-        """Like ``admit``, but returns a ``Permit`` (a context manager) that releases exactly once."""
+        """Wait until the request is admitted and reserved; raise ``AdmissionRejected`` when it never will be.
+
+        The ``Permit`` returned (a context manager) releases the reservation exactly once."""
         grant = await self._admit(PoolKey(*key), pool, cost, policy, is_disconnected)
         return Permit(grant.reservation, grant.admit, grant.waited_s, self.release)
 

@@ -20,7 +20,6 @@ from gateway.backends.probes import BackendProbes, local_profile
 from gateway.domain import BackendKind, Dialect
 from gateway.errors import BackendUnavailable, BadRequest, GatewayError
 from gateway.memory.estimate import estimate, parse_fit_params
-from gateway.memory.kv import parse_cache_type
 from gateway.memory.load_cost import Calibration, calibrate_from_ps, estimate_load_cost
 from gateway.memory.profile import ModelProfile
 from gateway.memory.vram import VramReading, VramUnavailable
@@ -74,8 +73,8 @@ async def _fit(request: web.Request, registry: BackendRegistry, probes: BackendP
             context=params.context or profile.context_tokens or min(DEFAULT_CONTEXT_TOKENS,
                                                                      profile.shape.n_ctx_train or 8192),
             parallel=params.parallel or settings.parallel or profile.parallel or 1,
-            type_k=params.type_k if "cache_type_k" in query else parse_cache_type(settings.cache_type_k),
-            type_v=params.type_v if "cache_type_v" in query else parse_cache_type(settings.cache_type_v),
+            type_k=params.type_k if "cache_type_k" in query else settings.cache_type_k,
+            type_v=params.type_v if "cache_type_v" in query else settings.cache_type_v,
             vram_total_bytes=reading.total_bytes if reading else None,
             vram_free_bytes=reading.free_bytes if reading else None,
             unified=bool(settings.unified_kv),
@@ -127,7 +126,7 @@ async def _calibration(
     settings = backend.settings
     cost = estimate_load_cost(
         profile, context_tokens=loaded.context_tokens, parallel=settings.parallel or 1,
-        type_k=parse_cache_type(settings.cache_type_k), type_v=parse_cache_type(settings.cache_type_v),
+        type_k=settings.cache_type_k, type_v=settings.cache_type_v,
     )
     return calibrate_from_ps(cost, size_bytes=loaded.size_bytes, size_vram_bytes=loaded.size_vram_bytes)
 

@@ -31,11 +31,6 @@ def model_names(kind: BackendKind, listing: dict[str, Any]) -> frozenset[str]:
     return frozenset(names)
 
 
-def name_candidates(model: str) -> tuple[str, ...]:
-    """The spellings to look a requested model up by."""
-    return (model,) if ":" in model else (model, f"{model}:latest")
-
-
 def as_ollama_tags(kind: BackendKind, listing: dict[str, Any]) -> list[dict[str, Any]]:
     """Entries for ``/api/tags`` from any backend's listing."""
     if kind is BackendKind.OLLAMA or isinstance(listing.get("models"), list):

@@ -4,7 +4,8 @@ Ollama: /api/tags gives each model's digest and size; /api/show is asked only fo
 again with ``verbose`` only when a per-layer array came back null. llama-server: /props and /v1/models; the GGUF
 at ``model_path`` is read (off the event loop) when this host can see it, cached by path and mtime.
 
-The session is injected; aiohttp errors become ProbeError here, once.
+Every call goes through the backend's ``BackendClient`` (its key, Host and timeouts); its errors become
+ProbeError here, in ``_call``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from gateway.memory.gguf_file import GgufSummary, read_gguf
+from gateway.backends.client import BackendCallError, BackendClient, find_model
+from gateway.domain import BackendKind
+from gateway.gguf import GgufSummary, read_gguf
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.common import ProfileError
 from gateway.memory.sources.llamacpp import (
@@ -47,32 +48,28 @@ class ProbeError(Exception):
     """Raised when a backend cannot be asked (unreachable, HTTP error, not JSON) or its answer is unusable."""
 
 
-class _Http:
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, timeout_s: float, headers: dict[str, str]):
-        self.session = session
-        self.base_url = base_url.rstrip("/")
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.headers = headers
+class ProfileUnderivable(ProbeError):
+    """Raised when the backend answered, but no KV profile can be derived from what it said (an architecture or a
+    metadata field kvgate doesn't know): asking again won't help."""
 
-    async def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        url = f"{self.base_url}{path}"
+
+class _Prober:
+    """Calls through the backend's client; every failed call is a ProbeError."""
+
+    def __init__(self, client: BackendClient, timeout_s: float) -> None:
+        self.client = client
+        self._timeout_s = timeout_s
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
-            async with self.session.request(
-                method, url, json=body, timeout=self.timeout, headers=self.headers
-            ) as response:
-                if response.status != 200:
-                    text = (await response.text())[:300]
-                    raise ProbeError(f"{method} {url} answered HTTP {response.status}: {text}")
-                return await response.json(content_type=None)
-        except aiohttp.ClientConnectorError as exc:
-            raise ProbeError(f"{method} {url} failed: {exc.strerror or 'connection refused'}") from exc
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise ProbeError(f"{method} {url} failed: {str(exc) or type(exc).__name__}") from exc
+            return await self.client.request_json(method, path, body, timeout_s=self._timeout_s)
+        except BackendCallError as exc:
+            raise ProbeError(f"probe failed: {exc.message}") from exc
 
 
-class OllamaProber:
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, *, timeout_s: float = 30.0) -> None:
-        self._http = _Http(session, base_url, timeout_s, {})
+class OllamaProber(_Prober):
+    def __init__(self, client: BackendClient, *, timeout_s: float = 30.0) -> None:
+        super().__init__(client, timeout_s)
         self._profiles: dict[str, ModelProfile] = {}
         self._shared: SingleFlight[str, Any] = SingleFlight()
         self._showing: SingleFlight[str, ModelProfile] = SingleFlight()
@@ -82,9 +79,10 @@ class OllamaProber:
         """The model's profile: /api/tags read anew (a re-pulled model's new digest counts at once; requests asking
         together share one read), /api/show once per digest, however many requests ask at once."""
         tags_json = await self._shared.run(
-            "/api/tags", lambda: self._http.request("GET", "/api/tags"), join_running=True)
+            "/api/tags", lambda: self._call("GET", "/api/tags"), join_running=True)
         tags = parse_tags(tags_json)
-        tag = tags.get(model) or tags.get(f"{model}:latest")
+        listed = find_model(model, tags)
+        tag = tags[listed] if listed is not None else None
         if tag is None:
             raise ProbeError(f"Ollama has no model {model!r}; it has: {', '.join(sorted(tags)) or 'none'}")
         key = tag.digest or tag.name
@@ -100,13 +98,13 @@ class OllamaProber:
                 show = await self._show(tag.name, verbose=True)
             profile = profile_from_show(tag.name, show, size_bytes=tag.size_bytes, digest=tag.digest)
         except (ValueError, ProfileError) as exc:
-            raise ProbeError(f"Ollama model {tag.name}: {exc}") from exc
+            raise ProfileUnderivable(f"Ollama model {tag.name}: {exc}") from exc
         self._profiles[key] = profile
         return profile
 
     async def _show(self, model: str, *, verbose: bool) -> dict[str, Any]:
         self.show_requests += 1
-        show: dict[str, Any] = await self._http.request("POST", "/api/show", {"model": model, "verbose": verbose})
+        show: dict[str, Any] = await self._call("POST", "/api/show", {"model": model, "verbose": verbose})
         return show
 
     async def load(self, model: str, num_ctx: int | None) -> None:
@@ -114,34 +112,31 @@ class OllamaProber:
         body: dict[str, Any] = {"model": model, "stream": False}
         if num_ctx is not None:
             body["options"] = {"num_ctx": num_ctx}
-        await self._http.request("POST", "/api/generate", body)
+        await self._call("POST", "/api/generate", body)
 
     async def loaded(self, *, join_running: bool = False) -> list[LoadedModel]:
         """Every model /api/ps shows loaded, read anew; with ``join_running`` a read still in flight will do (requests
         asking together share one), else only reads started since this one was asked (a re-read after a load)."""
-        ps = await self._shared.run("/api/ps", lambda: self._http.request("GET", "/api/ps"), join_running=join_running)
+        ps = await self._shared.run("/api/ps", lambda: self._call("GET", "/api/ps"), join_running=join_running)
         try:
             return parse_ps(ps)
         except ProfileError as exc:
             raise ProbeError(str(exc)) from exc
 
 
-class LlamaServerProber:
+class LlamaServerProber(_Prober):
     def __init__(
         self,
-        session: aiohttp.ClientSession,
-        base_url: str,
+        client: BackendClient,
         *,
         gguf_path: Path | None = None,
         fallback: ModelProfile | None = None,
         configured_unified: bool | None = None,
         configured_parallel: int | None = None,
         configured_ctx_size: int | None = None,
-        api_key: str | None = None,
         timeout_s: float = 30.0,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = _Http(session, base_url, timeout_s, headers)
+        super().__init__(client, timeout_s)
         self._gguf_path = gguf_path
         self._fallback = fallback
         self._configured = (configured_unified, configured_parallel, configured_ctx_size)
@@ -167,10 +162,10 @@ class LlamaServerProber:
         try:
             return parse_props(await self._get("/props", max_age_s))
         except (ProfileError, ValueError) as exc:
-            raise ProbeError(f"llama-server at {self._http.base_url}: {exc}") from exc
+            raise ProbeError(f"llama-server at {self.client.label}: {exc}") from exc
 
     async def _get(self, path: str, max_age_s: float) -> Any:
-        return await self._shared.run(path, lambda: self._http.request("GET", path), max_age_s=max_age_s)
+        return await self._shared.run(path, lambda: self._call("GET", path), max_age_s=max_age_s)
 
     async def profile(self) -> ModelProfile:
         """The served model's profile, from /props and /v1/models read at most ``RECENT_PROBE_S`` ago (a burst of
@@ -184,7 +179,7 @@ class LlamaServerProber:
                 props, meta, await self._summary(props.model_path), fallback=self._fallback
             )
         except (ProfileError, ValueError) as exc:
-            raise ProbeError(f"llama-server at {self._http.base_url}: {exc}") from exc
+            raise ProfileUnderivable(f"llama-server at {self.client.label}: {exc}") from exc
         unified, parallel, ctx_size = self._configured
         if unified is None:
             return profile
@@ -198,7 +193,7 @@ class LlamaServerProber:
 
     async def slots(self) -> list[SlotState]:
         try:
-            return parse_slots(await self._http.request("GET", "/slots"))
+            return parse_slots(await self._call("GET", "/slots"))
         except ProfileError as exc:
             raise ProbeError(str(exc)) from exc
 
@@ -207,19 +202,19 @@ def _with_warning(profile: ModelProfile, warning: str) -> ModelProfile:
     return replace(profile, warnings=(*profile.warnings, warning))
 
 
-async def detect_backend(session: aiohttp.ClientSession, base_url: str, *, timeout_s: float = 10.0) -> str:
-    """'ollama' or 'llama-server', by which of /api/version and /props answers."""
-    http = _Http(session, base_url, timeout_s, {})
+async def detect_backend(client: BackendClient, *, timeout_s: float = 10.0) -> BackendKind:
+    """Ollama or llama-server, by which of /api/version and /props answers."""
+    prober = _Prober(client, timeout_s)
     try:
-        version = await http.request("GET", "/api/version")
+        version = await prober._call("GET", "/api/version")
         if isinstance(version, dict) and "version" in version:
-            return "ollama"
+            return BackendKind.OLLAMA
     except ProbeError:
         pass
     try:
-        props = await http.request("GET", "/props")
+        props = await prober._call("GET", "/props")
     except ProbeError as exc:
-        raise ProbeError(f"{base_url} answers neither Ollama's /api/version nor llama-server's /props") from exc
+        raise ProbeError(f"{client.label} answers neither Ollama's /api/version nor llama-server's /props") from exc
     if isinstance(props, dict) and "default_generation_settings" in props:
-        return "llama-server"
-    raise ProbeError(f"{base_url} answers /props without default_generation_settings; not a llama-server")
+        return BackendKind.LLAMA_SERVER
+    raise ProbeError(f"{client.label} answers /props without default_generation_settings; not a llama-server")

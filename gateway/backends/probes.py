@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 
 from gateway.backends import Backend
+from gateway.backends.client import same_model
 from gateway.backends.prober import LlamaServerProber, OllamaProber
 from gateway.domain import BackendKind
 from gateway.memory.presets import find_preset, preset_profile
@@ -21,7 +22,6 @@ from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import CachedVramSource, StaticVramSource, VramReading, VramSource
 from gateway.memory.vram_exporter import ExporterSource
 from gateway.memory.vram_nvml import nvml_source
-from kvsim.vram import HttpSimVramSource
 
 
 class BackendProbes:
@@ -48,9 +48,9 @@ class BackendProbes:
         if llama is None:
             settings = backend.settings
             llama = LlamaServerProber(
-                self._session, settings.url, gguf_path=settings.gguf_path,
+                backend.client, gguf_path=settings.gguf_path,
                 fallback=local_profile(model) if model else None, configured_unified=settings.unified_kv,
-                configured_parallel=settings.parallel, api_key=backend.api_key,
+                configured_parallel=settings.parallel,
             )
             self._llama[backend.name] = llama
         return llama
@@ -60,7 +60,10 @@ class BackendProbes:
         return await self._llama_prober(backend).props()
 
     def _ollama_prober(self, backend: Backend) -> OllamaProber:
-        return self._ollama.setdefault(backend.name, OllamaProber(self._session, backend.settings.url))
+        ollama = self._ollama.get(backend.name)
+        if ollama is None:
+            ollama = self._ollama[backend.name] = OllamaProber(backend.client)
+        return ollama
 
     async def load_model(self, backend: Backend, model: str, num_ctx: int | None) -> None:
         """Ollama: load the model (an empty /api/generate), at ``num_ctx`` or at Ollama's own default."""
@@ -76,9 +79,8 @@ class BackendProbes:
         """Ollama: the model as /api/ps shows it loaded now (size, size_vram, context), None when not loaded; with
         ``join_running`` a read in flight will do (a burst of /kvgate/fit requests reads /api/ps once)."""
         prober = self._ollama_prober(backend)
-        names = {model, f"{model}:latest"}
-        return next((loaded for loaded in await prober.loaded(join_running=join_running) if loaded.name in names),
-                    None)
+        return next((loaded for loaded in await prober.loaded(join_running=join_running)
+                     if same_model(loaded.name, model)), None)
 
     async def loaded_context(self, backend: Backend, model: str) -> int | None:
         """Ollama: the per-sequence context the model is loaded with now (/api/ps read anew: it follows loads and
@@ -96,8 +98,6 @@ class BackendProbes:
         inner: VramSource
         if settings.vram == "nvml":
             inner = nvml_source()
-        elif settings.vram == "sim":
-            inner = HttpSimVramSource(self._session, settings.url)
         elif settings.vram.startswith(("http://", "https://")):
             inner = ExporterSource(self._session, settings.vram)
         else:

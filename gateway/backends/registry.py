@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import orjson
 from yarl import URL
 
 from gateway.backends import models
+from gateway.backends.client import BackendCallError, BackendClient, find_model
 from gateway.config import BackendSettings, Settings
 from gateway.domain import BackendKind
 from gateway.errors import InvalidField, ModelNotFound
@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 MISS_REFRESH_MIN_INTERVAL_S = 2.0
 """A burst of requests for an unknown model refreshes the lists at most this often."""
+LISTING_ANSWER_S = 10.0
+"""A model list must come whole within this long after the connection (``timeouts.connect_s``)."""
 
 
 @dataclass(eq=False)
@@ -31,6 +33,7 @@ class Backend:
     """One configured backend and what it was last seen serving."""
 
     settings: BackendSettings
+    client: BackendClient
     models: frozenset[str] = frozenset()
     listed_at_s: float | None = None
     last_error: str | None = None
@@ -46,33 +49,26 @@ class Backend:
 
     @property
     def base_url(self) -> URL:
-        return URL(self.settings.url)
+        return self.client.base_url
 
     @property
     def host_header(self) -> str:
-        url = self.base_url
-        return url.raw_host if url.is_default_port() else f"{url.raw_host}:{url.port}"  # type: ignore[return-value]
+        return self.client.host_header
 
     @property
     def api_key(self) -> str | None:
         return self.settings.api_key.get_secret_value() if self.settings.api_key else None
 
     def url_for(self, path_qs: str) -> URL:
-        """The backend's URL for a request target as the client sent it (raw, percent-encoded): the configured
-        scheme, host and port always, under the configured path. Built from parts, so no target (an absolute URL,
-        ``//host``, ``@host``, a scheme without ``/``) can change the host; a fragment is dropped."""
-        base = self.base_url
-        path, _, query = path_qs.partition("#")[0].partition("?")
-        return URL.build(scheme=base.scheme, user=base.raw_user, password=base.raw_password, host=base.raw_host or "",
-                         port=base.explicit_port, path=base.raw_path.rstrip("/") + "/" + path.lstrip("/"),
-                         query_string=query, encoded=True)
+        """The backend's URL for a request target as the client sent it (``BackendClient.url_for``)."""
+        return self.client.url_for(path_qs)
 
     def serves(self, model: str) -> bool:
         return self.listed_name(model) is not None
 
     def listed_name(self, model: str) -> str | None:
         """The name the backend lists ``model`` under (Ollama's ``x`` is ``x:latest``), None when not listed."""
-        return next((name for name in models.name_candidates(model) if name in self.models), None)
+        return find_model(model, self.models)
 
     def describe(self) -> str:
         return f"backend '{self.name}' at {self.settings.url}"
@@ -83,9 +79,8 @@ class BackendRegistry:
 
     def __init__(self, settings: Settings, session: aiohttp.ClientSession, clock: Callable[[], float] = time.monotonic):
         self._settings = settings
-        self._session = session
         self._clock = clock
-        self.backends = [Backend(config) for config in settings.backends]
+        self.backends = [Backend(config, BackendClient.for_backend(session, config)) for config in settings.backends]
         self._miss_refresh: SingleFlight[str, None] = SingleFlight(clock=clock)
 
     @property
@@ -103,17 +98,9 @@ class BackendRegistry:
         return next((backend for backend in self.backends if backend.kind is kind), default)
 
     async def fetch_listing(self, backend: Backend) -> dict[str, Any]:
-        """GET the backend's model list; raises aiohttp/asyncio errors for the caller to translate."""
-        headers = {"Host": backend.host_header}
-        if backend.api_key:
-            headers["Authorization"] = f"Bearer {backend.api_key}"
-        timeout = aiohttp.ClientTimeout(total=backend.settings.timeouts.connect_s + 10.0)
-        url = backend.url_for(models.list_path(backend.kind))
-        async with self._session.get(url, headers=headers, timeout=timeout) as response:
-            response.raise_for_status()
-            listing = orjson.loads(await response.read())
-        if not isinstance(listing, dict):
-            raise ValueError("model list is not a JSON object")
+        """GET the backend's model list and keep its names; raises BackendCallError for the caller to handle."""
+        timeout_s = backend.settings.timeouts.connect_s + LISTING_ANSWER_S
+        listing = await backend.client.get_json(models.list_path(backend.kind), timeout_s=timeout_s)
         backend.models = models.model_names(backend.kind, listing)
         backend.listed_at_s = self._clock()
         backend.last_error = None
@@ -130,9 +117,9 @@ class BackendRegistry:
                 return
             try:
                 await self.fetch_listing(backend)
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                backend.last_error = str(exc) or type(exc).__name__
-                log.warning("could not list models of %s: %s", backend.describe(), backend.last_error)
+            except BackendCallError as exc:
+                backend.last_error = exc.message
+                log.warning("could not list models: %s", backend.last_error)  # it names the backend
 
     async def refresh_all(self, backends: Iterable[Backend] | None = None) -> None:
         await asyncio.gather(*(self.refresh(backend) for backend in backends or self.backends))

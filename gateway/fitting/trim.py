@@ -38,8 +38,12 @@ class Trimmed:
     prompt_tokens: int
 
     def describe(self, total: int, before_tokens: int) -> str:
-        return (f"dropped the {self.dropped} oldest of {total} messages; prompt {before_tokens:,} -> "
-                f"{self.prompt_tokens:,} tokens")
+        return describe_trim(self.dropped, total, before_tokens, self.prompt_tokens)
+
+
+def describe_trim(dropped: int, total: int, before_tokens: int, after_tokens: int) -> str:
+    """What a trim did, in words (the X-Kvgate-Trimmed header)."""
+    return f"dropped the {dropped} oldest of {total} messages; prompt {before_tokens:,} -> {after_tokens:,} tokens"
 
 
 def _blocks(message: Message, kind: str) -> list[dict[str, Any]]:

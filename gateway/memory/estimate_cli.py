@@ -15,7 +15,9 @@ from typing import TextIO
 import aiohttp
 import orjson
 
+from gateway.backends.client import BackendClient
 from gateway.backends.prober import LlamaServerProber, OllamaProber, ProbeError, detect_backend
+from gateway.domain import BackendKind
 from gateway.memory.estimate import Estimate, estimate
 from gateway.memory.kv import ALLOWED_CACHE_TYPES, CacheType, ShapeError, parse_cache_type
 from gateway.memory.presets import find_preset, preset_names, preset_profile
@@ -71,10 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _backend_profile(session: aiohttp.ClientSession, url: str, model: str) -> ModelProfile:
-    kind = await detect_backend(session, url)
-    if kind == "ollama":
-        return await OllamaProber(session, url).profile(model)
-    return await LlamaServerProber(session, url, gguf_path=Path(model) if model.endswith(".gguf") else None,
+    client = BackendClient(session, url)
+    kind = await detect_backend(client)
+    if kind is BackendKind.OLLAMA:
+        return await OllamaProber(client).profile(model)
+    return await LlamaServerProber(client, gguf_path=Path(model) if model.endswith(".gguf") else None,
                                    fallback=_preset_or_none(model)).profile()
 
 

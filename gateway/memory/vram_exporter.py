@@ -15,7 +15,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import aiohttp
+from yarl import URL
 
+from gateway.backends.client import BackendCallError, fetch
+from gateway.config import Timeouts
 from gateway.memory.vram import Clock, DeviceMemory, VramReading, VramUnavailable
 
 MIB = 1024 * 1024
@@ -109,16 +112,14 @@ class ExporterSource:
     ) -> None:
         self._session = session
         self._url = url
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeouts = Timeouts(connect_s=timeout_s, first_byte_s=timeout_s)
         self._clock = clock
 
     async def read(self) -> VramReading:
         try:
-            async with self._session.get(self._url, timeout=self._timeout) as response:
-                if response.status != 200:
-                    raise VramUnavailable(f"exporter {self._url} answered HTTP {response.status}")
-                text = await response.text()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise VramUnavailable(f"exporter {self._url} unreachable: {exc!r}") from exc
-        devices = devices_from_metrics(text)
+            raw = await fetch(self._session, "GET", URL(self._url), where=f"exporter {self._url}",
+                              timeouts=self._timeouts)
+        except BackendCallError as exc:
+            raise VramUnavailable(exc.message) from exc
+        devices = devices_from_metrics(raw.decode(errors="replace"))
         return VramReading(devices=tuple(devices), processes=(), taken_at_s=self._clock(), source=self.name)

@@ -1,7 +1,8 @@
 """Prometheus metrics: what kvgate decided, per request, and the live state of every KV pool and queue.
 
-Request-level counters are recorded at the proxy's one boundary (truncations once a reply has ended); pool and queue
-gauges are read from the waiting room when scraped (``GET /kvgate/metrics``), so they can never drift from the ledger.
+Request-level counters are recorded at the proxy's one boundary, from the admission outcome (never from headers: a
+backend may send headers of the same names); truncations once a reply has ended. Pool and queue gauges are read from
+the waiting room when scraped (``GET /kvgate/metrics``), so they can never drift from the ledger.
 
     kvgate_requests_total{route,backend,status}          requests answered, by route template
     kvgate_tenant_requests_total{tenant,status}          requests answered, by tenant
@@ -23,7 +24,7 @@ lists (``truncations.model_label``), never a client's string as sent. Every labe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -31,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.admission import PoolSpec, WaitingRoom
+from gateway.admission.outcome import AdmissionOutcome, decision_labels
 from gateway.observability.truncations import TruncationLog
 from gateway.text import safe_text
 
@@ -119,30 +121,23 @@ def record_truncation(
 
 
 def record(
-    metrics: Metrics, route: str, status: int, elapsed_s: float, headers: Mapping[str, str], tenant: str
+    metrics: Metrics, route: str, status: int, elapsed_s: float, *, backend: str, tenant: str,
+    outcome: AdmissionOutcome | None,
 ) -> None:
-    """Count one answered request; what admission did is read back from the headers that told the client."""
-    backend = headers.get("X-Kvgate-Backend", "-")
+    """Count one answered request; ``backend`` is the backend's name ("-" when none was chosen), ``outcome`` what
+    admission did (None for a request that went through no admission)."""
     child = metrics.child
     child(metrics.requests, route, backend, str(status)).inc()
     child(metrics.tenant_requests, tenant, str(status)).inc()
     child(metrics.duration, route).observe(elapsed_s)
-    tokens = headers.get("X-Kvgate-Prompt-Tokens", "")
-    if tokens.isascii() and tokens.isdigit():  # a backend's own header of that name may hold anything
-        counter, _, exact = headers.get("X-Kvgate-Counter", "-; -").partition("; ")
-        child(metrics.prompt_tokens, backend, counter, exact).inc(int(tokens))
-    if "X-Kvgate-Reserved-Tokens" in headers:
-        child(metrics.decisions, backend, "admitted").inc()
-        if _seconds(headers.get("X-Kvgate-Queue-Wait", "0")) > 0:
-            child(metrics.decisions, backend, "queued").inc()
-    for header, decision in (("X-Kvgate-Rewrite", "rewritten"), ("X-Kvgate-Trimmed", "trimmed")):
-        if header in headers:
-            child(metrics.decisions, backend, decision).inc()
+    if outcome is None:
+        return
+    count = outcome.forwarded_count
+    child(metrics.prompt_tokens, backend, count.counter, "exact" if count.exact else "estimate").inc(count.tokens)
+    for decision in decision_labels(outcome):
+        child(metrics.decisions, backend, decision).inc()
 
 
-def _seconds(text: str) -> float:
-    """A number kvgate wrote into a header; 0 for anything else (a backend may send a header of the same name)."""
-    try:
-        return float(text)
-    except ValueError:
-        return 0.0
+def record_refusal(metrics: Metrics, backend: str) -> None:
+    """Count one request admission refused (``backend``: "-" when it was refused before one was chosen)."""
+    metrics.child(metrics.decisions, backend, "refused").inc()

@@ -16,7 +16,6 @@ The tolerance depends on how far the count itself can be off (see :func:`toleran
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 EXACT_SLACK_TOKENS = 4
@@ -34,8 +33,6 @@ BYTE_ESTIMATE_COUNTER = "estimate"
 """``EstimateCounter.name``, the counter that never tokenizes."""
 
 TRUNCATED_HEADER = "X-Kvgate-Truncated"
-PROMPT_TOKENS_HEADER = "X-Kvgate-Prompt-Tokens"
-COUNTER_HEADER = "X-Kvgate-Counter"
 
 
 def tolerance_tokens(counted_tokens: int, *, exact: bool, byte_estimate: bool, estimate_margin: float) -> int:
@@ -97,16 +94,3 @@ def detect(
     if counted_tokens - reported_tokens <= tolerance:
         return None
     return Truncation(counted_tokens, reported_tokens, exact, counter)
-
-
-def check_reply(
-    sent_headers: Mapping[str, str], reported_tokens: int | None, *, estimate_margin: float
-) -> Truncation | None:
-    """:func:`detect` against the count kvgate announced in the reply's headers: after a trim that is the count of
-    the trimmed prompt the backend really got, not of the client's."""
-    counted = sent_headers.get(PROMPT_TOKENS_HEADER)
-    if counted is None or not counted.isdigit():
-        return None
-    counter, _, exactness = sent_headers.get(COUNTER_HEADER, "").rpartition("; ")
-    return detect(int(counted), reported_tokens, exact=exactness == "exact", estimate_margin=estimate_margin,
-                  counter=counter)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gateway.backends.models import name_candidates
+from gateway.backends.client import name_candidates
 from gateway.text import safe_text
 
 RECENT_EVENTS = 20

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
-
+from gateway.backends.client import BackendClient
+from gateway.domain import BackendKind
 from gateway.tokens.chain import CounterChain
 from gateway.tokens.count import Counter
 from gateway.tokens.estimate import EstimateCounter
@@ -40,16 +40,15 @@ class CountingSettings:
 
 
 def build_counter_chain(
-    backend_kind: str,
+    backend_kind: BackendKind,
     model: str,
     *,
-    session: aiohttp.ClientSession,
-    base_url: str,
+    client: BackendClient,
     settings: CountingSettings,
     llama_server_template: str | None = None,
-    api_key: str | None = None,
 ) -> CounterChain:
-    """The chain for `model` on a backend of kind "llama-server", "ollama" or "openai".
+    """The chain for `model` on a backend of the given kind, asking the backend (its tokenizer, its model file)
+    through `client`.
 
     `llama_server_template` is the family detected from the server's GET /props chat_template (templates.
     detect_template); it lets the GGUF fallback render chats exactly like the server.
@@ -58,15 +57,15 @@ def build_counter_chain(
     cache = CountCache(max_entries=settings.message_cache_entries, max_chars=settings.message_cache_chars)
     counters: list[Counter] = []
     template = settings.chat_templates.get(model, llama_server_template or AUTO_TEMPLATE)
-    if backend_kind == "llama-server":
-        counters.append(LlamaServerCounter(session, base_url, model=model, api_key=api_key))
+    if backend_kind is BackendKind.LLAMA_SERVER:
+        counters.append(LlamaServerCounter(client, model=model))
     if model in settings.gguf_paths:
         source = GGUFFileSource(settings.gguf_paths[model], cache_dir=settings.cache_dir)
         counters.append(
             TokenizerCounter(source, model=model, template=template, image_tokens=image_tokens, cache=cache)
         )
-    elif backend_kind == "ollama":
-        source_ollama = OllamaShowSource(session, base_url, model, cache_dir=settings.cache_dir)
+    elif backend_kind is BackendKind.OLLAMA:
+        source_ollama = OllamaShowSource(client, model, cache_dir=settings.cache_dir)
         counters.append(
             TokenizerCounter(
                 source_ollama,

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 import tokenizers
 
-from gateway.tokens.gguf_meta import GGUFFormatError, read_gguf_metadata
+from gateway.gguf import GgufFormatError, read_gguf_metadata
 from gateway.tokens.pretokenizers import PreTokenizerSpec, pre_tokenizer_spec
 from gateway.tokens.spm_merges import spm_merges
 from gateway.tokens.tokenizer_cache import TokenizerCache
@@ -43,6 +43,8 @@ __all__ = [
 
 _SPACE = "\u2581"
 _SUPPORTED_MODELS = ("gpt2", "llama", "gemma4")
+# What read_gguf_tokenizer_metadata keeps: everything a tokenizer conversion or a cache key needs.
+_TOKENIZER_KEY_PREFIXES = ("tokenizer.", "general.architecture", "general.name", "general.basename")
 
 
 class UnsupportedTokenizer(Exception):
@@ -56,7 +58,8 @@ class UnsupportedTokenizer(Exception):
 
 def read_gguf_tokenizer_metadata(path: Path) -> dict[str, Any]:
     """The tokenizer.* and general.* key/values of a GGUF file (tensors are never read)."""
-    return read_gguf_metadata(path).values
+    values = read_gguf_metadata(path).values
+    return {key: value for key, value in values.items() if key.startswith(_TOKENIZER_KEY_PREFIXES)}
 
 
 def load_gguf_tokenizer(path: Path, *, cache_dir: Path | None = None) -> tokenizers.Tokenizer:
@@ -67,7 +70,7 @@ def load_gguf_tokenizer(path: Path, *, cache_dir: Path | None = None) -> tokeniz
     """
     try:
         parsed = read_gguf_metadata(path)
-    except (OSError, GGUFFormatError) as exc:
+    except (OSError, GgufFormatError) as exc:
         raise UnsupportedTokenizer(str(path), f"cannot read GGUF metadata: {exc}") from exc
     return tokenizer_from_gguf_metadata(
         parsed.values, model_name=str(path), cache_dir=cache_dir, cache_key=f"gguf-{parsed.kv_digest}"

@@ -20,8 +20,6 @@ import functools
 import logging
 from collections import OrderedDict
 
-import aiohttp
-
 from gateway.backends import Backend
 from gateway.config import Settings
 from gateway.domain import KV_OPERATIONS, BackendKind, ParsedRequest
@@ -63,9 +61,8 @@ def counting_settings(settings: Settings) -> CountingSettings:
 
 
 class PromptCounter:
-    def __init__(self, settings: Settings, session: aiohttp.ClientSession) -> None:
+    def __init__(self, settings: Settings) -> None:
         self._settings = counting_settings(settings)
-        self._session = session
         self._chains: dict[tuple[str, str], CounterChain] = {}
         self._unlisted: OrderedDict[tuple[str, str], CounterChain] = OrderedDict()
         self._configured = frozenset(settings.models)
@@ -104,8 +101,8 @@ class PromptCounter:
             chain = self._cached(key)  # another request may have built it meanwhile: one chain per model
             if chain is None:
                 chain = build_counter_chain(
-                    str(backend.kind), model, session=self._session, base_url=backend.settings.url,
-                    settings=self._settings, llama_server_template=template, api_key=backend.api_key,
+                    backend.kind, model, client=backend.client, settings=self._settings,
+                    llama_server_template=template,
                 )
                 if self._kept(backend, model):
                     self._chains[key] = chain
@@ -121,8 +118,7 @@ class PromptCounter:
         """llama-server's chat template family, asked once per backend however many requests need it at once."""
         probe = self._templates.get(backend.name)
         if probe is None:
-            probe = asyncio.ensure_future(
-                probe_chat_template(self._session, backend.settings.url, api_key=backend.api_key))
+            probe = asyncio.ensure_future(probe_chat_template(backend.client))
             self._templates[backend.name] = probe
         return await asyncio.shield(probe)
 
@@ -196,12 +192,3 @@ class PromptCounter:
         if chain is None or not messages or prompt_bytes(parsed.prompt_input) > self._exact_max_bytes:
             return
         await chain.calibrate(list(messages), list(parsed.prompt_input.tools), observed_prompt_tokens)
-
-
-def count_headers(count: TokenCount | None) -> dict[str, str]:
-    if count is None:
-        return {}
-    return {
-        "X-Kvgate-Prompt-Tokens": str(count.tokens),
-        "X-Kvgate-Counter": f"{count.counter}; {'exact' if count.exact else 'estimate'}",
-    }

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import aiohttp
 import tokenizers
 
+from gateway.backends.client import BackendCallError, BackendClient, same_model
+from gateway.gguf import GgufFormatError, read_gguf_metadata
 from gateway.tokens.count import CounterUnavailable
-from gateway.tokens.gguf_meta import GGUFFormatError, read_gguf_metadata
 from gateway.tokens.gguf_vocab import UnsupportedTokenizer, tokenizer_from_gguf_metadata
 from gateway.tokens.tokenizer_cache import TokenizerCache
 
@@ -87,7 +87,7 @@ class GGUFFileSource:
             parsed = read_gguf_metadata(self.path)
         except OSError as exc:
             raise SourceUnavailable(self.kind, f"cannot read {self.path}: {exc}", permanent=False) from exc
-        except GGUFFormatError as exc:
+        except GgufFormatError as exc:
             raise SourceUnavailable(self.kind, f"corrupt GGUF {self.path}: {exc}", permanent=True) from exc
         try:
             return _from_metadata(
@@ -123,19 +123,12 @@ class OllamaShowSource:
     kind = "gguf"
 
     def __init__(
-        self,
-        session: aiohttp.ClientSession,
-        base_url: str,
-        model: str,
-        *,
-        cache_dir: Path | None = None,
-        timeout_s: float = 120.0,
+        self, client: BackendClient, model: str, *, cache_dir: Path | None = None, timeout_s: float = 120.0
     ) -> None:
-        self.session = session
-        self.base_url = base_url.rstrip("/")
+        self.client = client
         self.model = model
         self.cache_dir = cache_dir
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.timeout_s = timeout_s
 
     async def load(self) -> LoadedTokenizer:
         digest = await self._digest()
@@ -162,30 +155,21 @@ class OllamaShowSource:
             body = await self._request("GET", "/api/tags", None)
         except SourceUnavailable:
             return None
-        wanted = {self.model, self.model if ":" in self.model else f"{self.model}:latest"}
         for entry in body.get("models") or ():
-            if isinstance(entry, dict) and ({entry.get("name"), entry.get("model")} & wanted):
+            names = (entry.get("name"), entry.get("model")) if isinstance(entry, dict) else ()
+            if any(isinstance(name, str) and same_model(name, self.model) for name in names):
                 digest = entry.get("digest")
                 return str(digest) if digest else None
         return None
 
     async def _request(self, method: str, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
-        url = self.base_url + path
         try:
-            async with self.session.request(method, url, json=payload, timeout=self.timeout) as response:
-                if response.status != 200:
-                    text = (await response.text())[:200]
-                    raise SourceUnavailable(
-                        self.kind,
-                        f"{method} {path} for {self.model!r}: HTTP {response.status} {text}",
-                        permanent=response.status == 404,
-                    )
-                body = await response.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise SourceUnavailable(self.kind, f"{method} {url}: {exc!r}", permanent=False) from exc
-        if not isinstance(body, dict):
-            raise SourceUnavailable(self.kind, f"{method} {path}: not a JSON object", permanent=False)
-        return body
+            if method == "GET":
+                return await self.client.get_json(path, timeout_s=self.timeout_s)
+            return await self.client.post_json(path, payload, timeout_s=self.timeout_s)
+        except BackendCallError as exc:
+            raise SourceUnavailable(self.kind, f"{self.model!r}: {exc.message}",
+                                    permanent=exc.backend_status == 404) from exc
 
 
 def _ollama_template(show: dict[str, Any]) -> OllamaChatTemplate | None:

@@ -208,4 +208,3 @@ _RENDERERS: dict[str, Renderer] = {
     "llama3": _render_llama3,
     "chatml": _render_chatml,
 }
-TEMPLATE_NAMES = tuple(_RENDERERS)

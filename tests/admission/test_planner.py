@@ -23,11 +23,12 @@ from gateway.admission import (
     plan,
     reserved_prompt_tokens,
 )
+from gateway.domain import BackendKind
 
-OLLAMA = PoolSpec.split_pool("gpu0", "llama3.1:8b", "ollama", slot_ctx_tokens=8192, slots=4)
-SPLIT = PoolSpec.split_pool("gpu1", "qwen2.5:7b", "llama-server", slot_ctx_tokens=4096, slots=2)
+OLLAMA = PoolSpec.split_pool("gpu0", "llama3.1:8b", BackendKind.OLLAMA, slot_ctx_tokens=8192, slots=4)
+SPLIT = PoolSpec.split_pool("gpu1", "qwen2.5:7b", BackendKind.LLAMA_SERVER, slot_ctx_tokens=4096, slots=2)
 UNIFIED = PoolSpec.unified_pool("gpu1", "qwen2.5:7b", pool_tokens=32768, slots=4)
-OPENAI = PoolSpec.split_pool("vllm", "gpt-x", "openai", slot_ctx_tokens=8192, slots=8)
+OPENAI = PoolSpec.split_pool("vllm", "gpt-x", BackendKind.OPENAI, slot_ctx_tokens=8192, slots=8)
 EMPTY = LedgerSnapshot()
 DEFAULT = Policy()
 NO_CLAMP = Policy(clamp_output=False)
@@ -203,7 +204,7 @@ def test_reserved_prompt_tokens(prompt_tokens: int, exact: bool, margin: float, 
 
 @st.composite
 def pools(draw: st.DrawFn) -> PoolSpec:
-    kind = draw(st.sampled_from(["ollama", "llama-server", "openai"]))
+    kind = draw(st.sampled_from(list(BackendKind)))
     slot_ctx_tokens, slots, unified = draw(st.integers(1, 4096)), draw(st.integers(1, 8)), draw(st.booleans())
     pool_tokens = draw(st.integers(slot_ctx_tokens, slot_ctx_tokens * slots)) if unified else slot_ctx_tokens * slots
     return PoolSpec("b", "m", kind, slot_ctx_tokens, slots, unified, pool_tokens)

@@ -8,11 +8,12 @@ import pytest
 
 from gateway.admission import Admit, LedgerSnapshot, Policy, PoolKey, PoolSpec, RequestCost, Rewrites
 from gateway.admission.errors import AdmissionRejected, queue_full
+from gateway.domain import BackendKind
 from gateway.errors import GatewayError
 
 
 def test_split_pool_is_slots_times_slot_context() -> None:
-    pool = PoolSpec.split_pool("gpu0", "llama3.1:8b", "ollama", slot_ctx_tokens=8192, slots=4)
+    pool = PoolSpec.split_pool("gpu0", "llama3.1:8b", BackendKind.OLLAMA, slot_ctx_tokens=8192, slots=4)
     assert (pool.pool_tokens, pool.unified, pool.key) == (32768, False, PoolKey("gpu0", "llama3.1:8b"))
 
 
@@ -33,7 +34,7 @@ def test_unified_pool_lets_a_slot_grow_to_the_whole_pool_unless_capped() -> None
 )
 def test_pool_spec_refuses_impossible_pools(fields: dict[str, Any], message: str) -> None:
     good: dict[str, Any] = {
-        "backend": "b", "model": "m", "backend_kind": "ollama",
+        "backend": "b", "model": "m", "backend_kind": BackendKind.OLLAMA,
         "slot_ctx_tokens": 4096, "slots": 2, "unified": False, "pool_tokens": 8192,
     }  # fmt: skip
     with pytest.raises(ValueError, match=message):

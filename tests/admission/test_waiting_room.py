@@ -16,20 +16,12 @@ from gateway.admission import (
     Reservation,
     WaitingRoom,
 )
+from gateway.domain import BackendKind
+from tests.support.clock import FakeClock
 
-ONE_SLOT = PoolSpec.split_pool("gpu0", "llama3.1:8b", "ollama", slot_ctx_tokens=8192, slots=1)
+ONE_SLOT = PoolSpec.split_pool("gpu0", "llama3.1:8b", BackendKind.OLLAMA, slot_ctx_tokens=8192, slots=1)
 SHARED = PoolSpec.unified_pool("gpu1", "qwen2.5:7b", pool_tokens=10_000, slots=8)
 POLICY = Policy(queue_timeout_s=5.0)
-
-
-class ManualClock:
-    """A clock the test moves by hand: waits and windows become exact."""
-
-    def __init__(self) -> None:
-        self.now_s = 1000.0
-
-    def __call__(self) -> float:
-        return self.now_s
 
 
 def cost(tokens: int = 100, *, tenant: str = "default", priority: int = 0) -> RequestCost:
@@ -49,8 +41,8 @@ async def cancel(task: asyncio.Task[Reservation]) -> None:
 
 
 async def admit(room: WaitingRoom, pool: PoolSpec, request: RequestCost, policy: Policy = POLICY) -> Reservation:
-    reservation, _ = await room.admit(pool.key, pool, request, policy)
-    return reservation
+    permit = await room.acquire(pool.key, pool, request, policy)
+    return permit.reservation
 
 
 def queue(
@@ -61,7 +53,8 @@ def queue(
 
 async def test_a_request_that_fits_is_admitted_at_once() -> None:
     room = WaitingRoom(Ledger())
-    reservation, decision = await room.admit(ONE_SLOT.key, ONE_SLOT, cost(100), POLICY)
+    permit = await room.acquire(ONE_SLOT.key, ONE_SLOT, cost(100), POLICY)
+    reservation, decision = permit.reservation, permit.admit
     assert decision == Admit(100)
     assert room.ledger.snapshot(ONE_SLOT.key).reserved_tokens == 100
     assert room.stats()[ONE_SLOT.key].admitted_after_wait_total == 0
@@ -195,7 +188,7 @@ async def test_a_disconnected_client_is_dropped_while_waiting() -> None:
     room = WaitingRoom(Ledger(), disconnect_poll_s=0.01)
     await admit(room, ONE_SLOT, cost())
     gone = False
-    task = asyncio.create_task(room.admit(ONE_SLOT.key, ONE_SLOT, cost(), POLICY, is_disconnected=lambda: gone))
+    task = asyncio.create_task(room.acquire(ONE_SLOT.key, ONE_SLOT, cost(), POLICY, is_disconnected=lambda: gone))
     await asyncio.sleep(0.03)
     assert not task.done()
     gone = True
@@ -221,14 +214,14 @@ async def test_a_permit_releases_exactly_once_on_success_error_or_repeat() -> No
 
 
 async def test_small_requests_pass_a_big_head_only_within_the_overtake_window() -> None:
-    clock = ManualClock()
+    clock = FakeClock()  # waits and windows become exact
     room = WaitingRoom(Ledger(), clock=clock)
     policy = Policy(overtake_window_s=5.0, queue_timeout_s=60.0)
     first = await admit(room, SHARED, cost(8000), policy)
     (big,) = queue(room, SHARED, cost(5000), policy=policy)
     await settle()
     await admit(room, SHARED, cost(1000), policy)  # the head waited 0 s: a small one may pass it
-    clock.now_s += 5.0
+    clock.advance(5.0)
     (small,) = queue(
         room, SHARED, cost(500), policy=policy
     )  # 1,000 tokens are free, but the head has waited long enough
@@ -240,13 +233,13 @@ async def test_small_requests_pass_a_big_head_only_within_the_overtake_window() 
 
 
 async def test_a_waiter_held_by_its_tenant_cap_never_blocks_other_tenants() -> None:
-    clock = ManualClock()
+    clock = FakeClock()  # waits and windows become exact
     room = WaitingRoom(Ledger(), clock=clock)
     policy = Policy(per_tenant_max_active=1, overtake_window_s=1.0)
     await admit(room, SHARED, cost(tenant="ci"), policy)
     (capped,) = queue(room, SHARED, cost(tenant="ci"), policy=policy)
     await settle()
-    clock.now_s += 60.0
+    clock.advance(60.0)
     await admit(room, SHARED, cost(tenant="web"), policy)
     assert not capped.done()
     assert "tenant 'ci' has 1 of 1" in room.stats()[SHARED.key].waiters[0].reason
@@ -254,18 +247,19 @@ async def test_a_waiter_held_by_its_tenant_cap_never_blocks_other_tenants() -> N
 
 
 async def test_stats_show_queue_length_and_waited_seconds() -> None:
-    clock = ManualClock()
+    clock = FakeClock()  # waits and windows become exact
     room = WaitingRoom(Ledger(), clock=clock)
     holder = await admit(room, ONE_SLOT, cost())
     later = asyncio.create_task(admit(room, ONE_SLOT, cost(tenant="a")))
-    sooner = asyncio.create_task(room.admit(ONE_SLOT.key, ONE_SLOT, cost(tenant="b", priority=1), POLICY))
+    sooner = asyncio.create_task(room.acquire(ONE_SLOT.key, ONE_SLOT, cost(tenant="b", priority=1), POLICY))
     await settle()
-    clock.now_s += 2.5
+    clock.advance(2.5)
     stats = room.stats()[ONE_SLOT.key]
     assert (stats.queued, stats.oldest_waited_s) == (2, 2.5)
     assert [(w.tenant, w.waited_s) for w in stats.waiters] == [("b", 2.5), ("a", 2.5)]
     room.release(holder)
-    reservation, decision = await sooner
+    permit = await sooner
+    reservation, decision = permit.reservation, permit.admit
     assert decision.notes == ("waited 2.50 s in the queue",)
     assert room.stats()[ONE_SLOT.key].waited_s_total == 2.5
     room.release(reservation)
@@ -274,7 +268,7 @@ async def test_stats_show_queue_length_and_waited_seconds() -> None:
 
 
 async def test_when_the_blocking_head_leaves_the_ones_behind_it_move_up() -> None:
-    clock = ManualClock()
+    clock = FakeClock()  # waits and windows become exact
     room = WaitingRoom(Ledger(), clock=clock)
     policy = Policy(overtake_window_s=0.0)  # strict FIFO
     await admit(room, SHARED, cost(8000), policy)

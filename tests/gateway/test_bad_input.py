@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.support.fake_llm import FakeLLM, running
+from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
 
 

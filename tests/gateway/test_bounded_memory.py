@@ -35,7 +35,7 @@ from gateway.body.budget import BodyBudget, fits
 from gateway.body.encoding import BodyDecoder, coding_of
 from gateway.errors import BadRequest, PayloadTooLarge, ServerBusy, UnsupportedMediaType
 from gateway.headers import upstream_request_headers
-from tests.support.fake_llm import FakeLLM, running
+from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
 
 VOCAB = Path(__file__).resolve().parents[2] / "gateway" / "data" / "vocab" / "ggml-vocab-llama-bpe.gguf"

@@ -25,7 +25,7 @@ import time
 import aiohttp
 import pytest
 
-from tests.support.fake_llm import FakeLLM, Script, running
+from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
 
 SLOW_CONNECTIONS = 1_000

@@ -8,7 +8,7 @@ import ollama
 import openai
 import pytest
 
-from tests.support.fake_llm import MODELS, FakeLLM, running
+from tests.support.fake_backend import MODELS, FakeLLM, running
 from tests.support.gateway_server import running_gateway
 
 

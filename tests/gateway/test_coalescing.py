@@ -12,9 +12,9 @@ from typing import cast
 import aiohttp
 from aiohttp import web
 
-from gateway.app import start_server
 from gateway.errors import BackendUnavailable
 from gateway.streaming import pump
+from tests.support.fake_backend import serve
 
 
 class RecordingResponse:
@@ -58,13 +58,8 @@ async def upstream(frames: list[tuple[float, bytes]], *, break_off: bool = False
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_post("/api/chat", handle)
-    runner, port = await start_server(app, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{port}/api/chat"
-    finally:
-        await runner.cleanup()
+    async with serve({("POST", "/api/chat"): handle}) as url:
+        yield f"{url}/api/chat"
 
 
 async def relay_through(url: str, coalesce_s: float) -> tuple[RecordingResponse, object, float]:

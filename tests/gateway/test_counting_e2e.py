@@ -15,7 +15,7 @@ import aiohttp
 import openai
 import pytest
 
-from tests.support.fake_llm import FakeLLM, running
+from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
 from tests.support.llama_server import RunningLlamaServer, run_llama_server
 from tests.support.tinymodel import write_tiny_model

@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from gateway.routes import ROUTES, Handling
-from tests.support.fake_llm import FakeLLM, running
+from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
 
 BODY = {"model": "llama3.1:8b", "messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "input": "hi",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 from collections.abc import AsyncIterator
 
@@ -12,8 +11,9 @@ import pytest
 
 from gateway.cli import build_parser
 from gateway.memory import estimate_cli
-from tests.support.fake_llm import FakeLLM, running
+from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
+from tests.support.poll import until
 
 GIB = 1 << 30
 
@@ -72,21 +72,27 @@ async def test_fit_refuses_nonsense_naming_the_value(gateway: str, query: str, e
 
 async def test_fit_against_the_simulator_uses_its_profile_live_vram_and_ps_calibration() -> None:
     from kvsim.config import SimConfig
+    from kvsim.gpu.exporter import EXPORTER_PATH
     from kvsim.runner import start_sim
 
     runner, sim = await start_sim(SimConfig(models=("llama3.1:8b", "qwen2.5:7b"), load_s=0.05, time_scale=50.0))
-    backend = {"name": "sim", "url": sim, "vram": "sim", "vram_refresh_s": 0.01, "parallel": 1}
+    backend = {"name": "sim", "url": sim, "vram": sim + EXPORTER_PATH, "vram_refresh_s": 0.01, "parallel": 1}
     try:
         async with running_gateway([backend]) as url:
             _, before = await _fit(url, "model=llama3.1:8b&context=8192")
             assert before["source"] == "ollama" and before["calibrated_from"] is None
-            assert before["vram_free_bytes"] == 24 * GIB and before["vram_source"] == "sim"
+            assert before["vram_free_bytes"] == 24 * GIB and before["vram_source"] == "exporter"
             async with aiohttp.ClientSession() as http, http.post(
                 f"{sim}/api/generate", json={"model": "qwen2.5:7b", "prompt": "", "options": {"num_ctx": 8192}}
             ) as response:
                 assert response.status == 200  # loads qwen: the GPU has less free now
-            await asyncio.sleep(0.05)  # older than vram_refresh_s
-            _, after = await _fit(url, "model=llama3.1:8b&context=8192")
+
+            async def refreshed() -> dict[str, object] | None:  # once the reading is older than vram_refresh_s
+                _, after = await _fit(url, "model=llama3.1:8b&context=8192")
+                return after if after["vram_free_bytes"] != before["vram_free_bytes"] else None
+
+            after = await until(refreshed)
+            assert after is not None
             assert isinstance(after["vram_free_bytes"], int) and after["vram_free_bytes"] < 24 * GIB - 4 * GIB
             async with aiohttp.ClientSession() as http, http.post(
                 f"{sim}/api/generate", json={"model": "llama3.1:8b", "prompt": "", "options": {"num_ctx": 8192}}

@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
+import aiohttp
 import orjson
 import pytest
 from hypothesis import given
@@ -13,8 +14,10 @@ from hypothesis import strategies as st
 
 from gateway import dialects
 from gateway.admission import Ledger, PoolKey, WaitingRoom
+from gateway.admission.outcome import AdmissionOutcome, Reserved
 from gateway.admission.tenants import ANONYMOUS, TenantDirectory
 from gateway.api.kvgate import status_html
+from gateway.backends.client import BackendClient
 from gateway.backends.registry import Backend
 from gateway.config import BackendSettings, load_settings
 from gateway.domain import Dialect, Operation
@@ -24,7 +27,8 @@ from gateway.observability.metrics import Metrics, record
 from gateway.observability.truncations import TruncationLog
 from gateway.targets import target_problem
 from gateway.text import safe_text
-from tests.support.fake_llm import FakeLLM, running
+from gateway.tokens import TokenCount
+from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
 
 ODD = ["llama3.1:8b\udcff", "hi \ud83d", "\udcff\udcfe", "a\x00b", "\ud83d\ude00"]
@@ -65,8 +69,10 @@ def test_a_key_with_odd_bytes_is_an_unknown_key(headers: dict[str, str]) -> None
 @pytest.mark.parametrize("url", ["http://backend", "http://127.0.0.1:8080", "https://h:1"])
 @pytest.mark.parametrize("target", ["http://169.254.169.254/latest/meta-data/", "//evil.com/x", "@evil.com/x",
                                     "https:evil", "/api/chat?x=http://evil/", "/a#@evil"])
-def test_url_for_never_changes_the_host(url: str, target: str) -> None:
-    backend = Backend(BackendSettings(name="b", url=url))
+async def test_url_for_never_changes_the_host(url: str, target: str) -> None:
+    settings = BackendSettings(name="b", url=url)
+    async with aiohttp.ClientSession() as session:
+        backend = Backend(settings, BackendClient.for_backend(session, settings))
     built = backend.url_for(target)
     assert (built.scheme, built.host, built.explicit_port) == (backend.base_url.scheme, backend.base_url.host,
                                                                backend.base_url.explicit_port)
@@ -128,7 +134,7 @@ def test_metrics_and_the_status_page_encode_odd_labels() -> None:
     room = WaitingRoom(Ledger())
     reservation = room.ledger.reserve(PoolKey("b\udcff", "llama3.1:8b\udcff"), 10, "t")
     metrics.watch_pools(room, lambda: {})
-    record(metrics, "/api/chat", 200, 0.1, {"X-Kvgate-Backend": "b\udcff"}, "t\ud83d")
+    record(metrics, "/api/chat", 200, 0.1, backend="b\udcff", tenant="t\ud83d", outcome=None)
     metrics.child(metrics.truncations, "b", "m\udcff").inc()
     text = metrics.exposition().decode()
     assert 'model="llama3.1:8b\ufffd"' in text
@@ -199,7 +205,7 @@ async def test_a_lone_surrogate_survives_a_rewrite(gateway: tuple[int, FakeLLM])
 
 def test_a_backends_own_kvgate_headers_never_break_the_count() -> None:
     metrics = Metrics()
-    record(metrics, "other", 200, 0.1, {"X-Kvgate-Prompt-Tokens": "abc", "X-Kvgate-Reserved-Tokens": "1",
-                                        "X-Kvgate-Queue-Wait": "soon", "X-Kvgate-Backend": "b\udcff"}, "-")
-    record(metrics, "other", 200, 0.1, {"X-Kvgate-Prompt-Tokens": "\u0663", "X-Kvgate-Counter": "x"}, "-")
+    record(metrics, "other", 200, 0.1, backend="b\udcff", tenant="-", outcome=None)
+    odd = AdmissionOutcome(TokenCount(3, "x\udcff", False), reserved=Reserved(PoolKey("b\udcff", "m"), 1, 1))
+    record(metrics, "other", 200, 0.1, backend="b\udcff", tenant="-", outcome=odd)
     assert b"kvgate_requests_total" in metrics.exposition()

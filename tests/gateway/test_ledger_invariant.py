@@ -26,7 +26,7 @@ from aiohttp import web
 
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
-from tests.support.fake_llm import FakeLLM, Script, running
+from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
 
 LLAMA_SIM = SimConfig(mode="llama-server", ctx_size=2048, n_parallel=-1, load_s=0.0, time_scale=50.0,

@@ -28,7 +28,7 @@ from gateway.observability.logs import (
     quiet_malformed_requests,
     sanitize,
 )
-from tests.support.fake_llm import FakeLLM, running
+from tests.support.fake_backend import FakeLLM, running
 
 FORGED = "FORGED 2026-01-01 00:00:00,000 ERROR [x] gateway.proxy: pwned"
 NASTIES = ("\n", "\r\n", "\x1b[31m", "\u2028", "\u2029", "\x00", "\x7f", "\x85", "\u202e", "\x9b")

@@ -10,10 +10,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
-from tests.memory.ollama_fake import show_answer
-from tests.support.fake_llm import FakeLLM, Script, running
+from tests.support.fake_backend import MODELS, FakeLLM, OllamaModels, Script, json_answer, running
 from tests.support.gateway_server import running_gateway
 
 REQUESTS = 100
@@ -22,25 +20,15 @@ CHAT = {"messages": [{"role": "user", "content": "hello there"}]}
 OLLAMA_MODEL = "llama3.1:8b"
 
 
-class ProbedFake(FakeLLM):
+def probed_fake(models: tuple[str, ...] = MODELS) -> FakeLLM:
     """The scripted fake, with the model metadata kvgate probes for: digests in /api/tags, /api/show built from a
-    real GGUF's key/values, and llama-server's /v1/models meta."""
-
-    async def _respond(self, request: web.Request, body: bytes) -> web.StreamResponse:
-        await asyncio.sleep(0.01)  # a probe takes a moment: requests arriving meanwhile must join it
-        models = self.script.models
-        if request.path == "/api/tags":
-            return web.json_response({"models": [
-                {"name": m, "model": m, "digest": f"sha256:{index:064x}", "size": 4_920_734_016}
-                for index, m in enumerate(models)]})
-        if request.path == "/api/show":
-            return web.json_response(show_answer("ggml-vocab-llama-bpe.gguf", verbose=b'"verbose":true' in body))
-        if request.path == "/v1/models":
-            meta = {"n_ctx_train": 131072, "n_params": 8_030_261_248, "size": 4_920_734_016, "n_embd": 4096,
-                    "n_vocab": 128256}
-            return web.json_response({"object": "list", "data": [
-                {"id": m, "object": "model", "meta": meta} for m in models]})
-        return await super()._respond(request, body)
+    real GGUF's key/values, and llama-server's /v1/models meta. Every answer takes a moment (the script's delays):
+    requests arriving meanwhile must join the probe in flight."""
+    ollama = OllamaModels({m: ("ggml-vocab-llama-bpe.gguf", f"sha256:{index:064x}") for index, m in enumerate(models)})
+    meta = {"n_ctx_train": 131072, "n_params": 8_030_261_248, "size": 4_920_734_016, "n_embd": 4096, "n_vocab": 128256}
+    listing = {"object": "list", "data": [{"id": m, "object": "model", "meta": meta} for m in models]}
+    return FakeLLM(Script(models=models, first_byte_delay_s=0.01, probe_delay_s=0.01),
+                   answers={**ollama.answers(), "/v1/models": json_answer(listing)})
 
 
 CASES: dict[str, tuple[str, str, dict[str, Any] | None]] = {
@@ -61,8 +49,8 @@ more where a load or the counter's template needs it."""
 
 
 async def _probe_counts(method: str, path: str, body: dict[str, Any] | None) -> tuple[dict[str, int], list[int]]:
-    llama = ProbedFake(Script(models=("served.gguf",)))
-    ollama = ProbedFake()
+    llama = probed_fake(("served.gguf",))
+    ollama = probed_fake()
     async with running(llama), running(ollama):
         backends = [{"name": "cpp", "kind": "llama-server", "url": llama.url},
                     {"name": "oll", "kind": "ollama", "url": ollama.url, "vram": "24GiB"}]

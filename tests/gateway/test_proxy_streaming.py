@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
-from tests.support.fake_llm import FakeLLM, running
+from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
+from tests.support.poll import until
 
 CHAT = {"model": "llama3.1:8b", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -23,10 +23,14 @@ async def fake() -> AsyncIterator[FakeLLM]:
         yield server
 
 
+def _backend(fake: FakeLLM, *, first_byte_s: float = 30.0, idle_s: float = 30.0) -> dict[str, object]:
+    """Long deadlines unless a test is about them: nothing else ends a request by the clock."""
+    return {"name": "gpu0", "url": fake.url, "timeouts": {"first_byte_s": first_byte_s, "idle_s": idle_s}}
+
+
 @pytest.fixture
 async def gateway(fake: FakeLLM) -> AsyncIterator[str]:
-    backend = {"name": "gpu0", "url": fake.url, "timeouts": {"first_byte_s": 1.0, "idle_s": 0.5}}
-    async with running_gateway([backend]) as url:
+    async with running_gateway([_backend(fake)]) as url:
         yield url
 
 
@@ -86,11 +90,7 @@ async def test_client_disconnect_closes_the_upstream_request_within_a_second(
     await asyncio.wait_for(response.content.readline(), timeout=2)
     disconnected_at = time.monotonic()
     response.close()
-    for _ in range(100):
-        if fake.cancelled:
-            break
-        await asyncio.sleep(0.01)
-    assert fake.cancelled, "upstream request was not closed"
+    await until(lambda: fake.cancelled)  # the upstream request was closed
     path, cancelled_at = fake.cancelled[0]
     assert path == "/api/chat"
     assert cancelled_at - disconnected_at < 1.0
@@ -102,11 +102,11 @@ async def test_client_disconnect_while_waiting_for_first_byte_closes_upstream(
     async with http.post(f"{gateway}/api/chat", json=CHAT) as primed:  # models listed, counter ready
         assert primed.status == 200
     fake.cancelled.clear()
-    fake.script.first_byte_delay_s = 0.8
+    fake.script.first_byte_delay_s = 60  # never answers before the client gives up (the gateway waits 30 s)
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.2):
             await http.post(f"{gateway}/api/chat", json=CHAT)
-    await asyncio.sleep(0.3)
+    await until(lambda: fake.cancelled)
     assert [path for path, _ in fake.cancelled] == ["/api/chat"]
 
 
@@ -120,22 +120,22 @@ async def test_upstream_error_is_relayed_with_status_and_body(
         assert await response.read() == fake.script.error_body
 
 
-async def test_slow_first_byte_gives_504_in_dialect(fake: FakeLLM, gateway: str, http: aiohttp.ClientSession) -> None:
-    async with http.get(f"{gateway}/api/tags") as listed:
-        assert listed.status == 200
-    fake.script.first_byte_delay_s = 3
-    async with http.post(f"{gateway}/v1/chat/completions", json=CHAT) as response:
-        assert response.status == 504
-        error = (await response.json())["error"]
+async def test_slow_first_byte_gives_504_in_dialect(fake: FakeLLM, http: aiohttp.ClientSession) -> None:
+    async with running_gateway([_backend(fake, first_byte_s=0.2)]) as gateway:
+        async with http.post(f"{gateway}/v1/chat/completions", json=CHAT) as primed:  # the KV pool learnt
+            assert primed.status == 200
+        fake.script.first_byte_delay_s = 60
+        async with http.post(f"{gateway}/v1/chat/completions", json=CHAT) as response:
+            assert response.status == 504
+            error = (await response.json())["error"]
     assert "backend 'gpu0'" in error["message"] and "first_byte_s" in error["message"]
     assert error["type"] == "api_error" and error["code"] == "backend_timeout"
 
 
-async def test_stall_mid_stream_ends_with_a_final_error_line(
-    fake: FakeLLM, gateway: str, http: aiohttp.ClientSession
-) -> None:
+async def test_stall_mid_stream_ends_with_a_final_error_line(fake: FakeLLM, http: aiohttp.ClientSession) -> None:
     fake.script.stall_after_chunks = 2
-    async with http.post(f"{gateway}/api/chat", json=CHAT) as response:
+    async with running_gateway([_backend(fake, idle_s=0.2)]) as gateway, \
+            http.post(f"{gateway}/api/chat", json=CHAT) as response:
         assert response.status == 200
         lines = (await response.read()).splitlines()
     assert len(lines) == 3
@@ -177,7 +177,7 @@ async def test_unreachable_backend_gives_503_with_retry_after_naming_it(
     """A chat for a backend whose KV pool can't be probed is never forwarded unaccounted: after
     ``probe_wait_s`` it is refused with 503 and Retry-After, in the route's format, naming the backend."""
     async with running_gateway([{"name": "down", "url": "http://127.0.0.1:9"}],
-                               admission={"probe_wait_s": 0.3}) as url:
+                               admission={"probe_wait_s": 0.1}) as url:
         body = {**CHAT, "prompt": "x"}
         async with http.post(f"{url}{path}", json=body) as response:
             assert response.status == 503
@@ -209,30 +209,12 @@ async def test_a_connection_closed_before_answering_is_retried_once(
 ) -> None:
     """A backend that drops a (kept-alive) connection without answering: kvgate sends the request once more; a
     second drop is a 502 naming the backend, never a third try."""
-    seen: list[bytes] = []
-
-    async def chat(request: web.Request) -> web.StreamResponse:
-        seen.append(await request.read())
-        if len(seen) <= closes:
-            assert request.transport is not None
-            request.transport.close()
-            return web.Response()
-        return web.json_response({"model": "m", "done": True, "message": {"role": "assistant", "content": "ok"},
-                                  "prompt_eval_count": 3, "eval_count": 1})
-
-    upstream = web.Application()
-    upstream.router.add_post("/api/chat", chat)
-    runner = web.AppRunner(upstream)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    backend_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
-        async with running_gateway([{"name": "flaky", "url": backend_url}], admission={"enabled": False}) as url:
-            body = {"model": "m", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
-            async with http.post(f"{url}/api/chat", json=body) as response:
-                assert response.status == status
-                if status == 502:
-                    assert "backend 'flaky'" in (await response.json())["error"]
-    finally:
-        await runner.cleanup()
+    async with running(FakeLLM(Script(models=("m",), drop_connections=closes))) as fake, \
+            running_gateway([{"name": "flaky", "url": fake.url}], admission={"enabled": False}) as url:
+        body = {"model": "m", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
+        async with http.post(f"{url}/api/chat", json=body) as response:
+            assert response.status == status
+            if status == 502:
+                assert "backend 'flaky'" in (await response.json())["error"]
+    seen = [request.body for request in fake.requests_to("/api/chat")]
     assert len(seen) == 2 and seen[0] == seen[1]

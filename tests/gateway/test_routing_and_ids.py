@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from gateway.observability.logs import RequestIdFilter
-from tests.support.fake_llm import FakeLLM, Script, running
+from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
 
 Pair = tuple[str, FakeLLM, FakeLLM]

@@ -20,7 +20,7 @@ from aiohttp import web
 from gateway.app import create_app, start_server
 from gateway.cli import EXIT_ADDRESS_IN_USE, EXIT_CACHE_DIR, EXIT_HOST_UNRESOLVABLE, main
 from gateway.config import ConfigError, load_settings, unknown_environment
-from tests.support.fake_llm import FakeLLM, running
+from tests.support.fake_backend import FakeLLM, running
 
 SECRET = "s3cret-Do-Not-Echo"
 

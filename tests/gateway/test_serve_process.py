@@ -9,7 +9,7 @@ import sys
 
 import aiohttp
 
-from tests.support.fake_llm import FakeLLM, running
+from tests.support.fake_backend import FakeLLM, running
 
 
 async def test_serve_starts_proxies_and_stops_on_sigterm() -> None:

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from gateway.config import ConfigError, load_settings
-from tests.support.fake_llm import FakeLLM, running
+from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
 
 TENANTS = {

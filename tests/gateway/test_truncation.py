@@ -4,7 +4,6 @@ counted in ``kvgate_truncations_total``, shown on ``/kvgate/status`` and, for a 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,14 +19,15 @@ from gateway.observability.truncation import (
     EXACT_SLACK_TOKENS,
     INEXACT_SLACK_TOKENS,
     TRUNCATED_HEADER,
-    check_reply,
     detect,
     tolerance_tokens,
 )
 from gateway.observability.truncations import OTHER_MODEL, TruncationLog, model_label
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
+from tests.support.fake_backend import Handler, json_answer, serve
 from tests.support.gateway_server import running_gateway
+from tests.support.poll import until
 
 VOCAB = Path(gateway.__file__).parent / "data" / "vocab"
 MODEL = "llama3.1:8b"
@@ -76,14 +76,13 @@ def test_detect(counted: int, reported: int | None, exact: bool, counter: str, t
     assert (found is not None) == truncated
 
 
-def test_the_header_names_both_figures_and_reads_the_announced_count() -> None:
-    sent = {"X-Kvgate-Prompt-Tokens": "6078", "X-Kvgate-Counter": "gguf; exact"}
-    found = check_reply(sent, 2051, estimate_margin=0.1)
+def test_the_header_names_both_figures_of_the_forwarded_count() -> None:
+    found = detect(6078, 2051, exact=True, estimate_margin=0.1, counter="gguf")
     assert found is not None and found.counter == "gguf" and found.missing_tokens == 4027
     assert found.describe() == "backend reported 2,051 prompt tokens; kvgate counted 6,078"
-    estimated = check_reply({**sent, "X-Kvgate-Counter": "estimate; estimate"}, 2051, estimate_margin=0.1)
+    estimated = detect(6078, 2051, exact=False, estimate_margin=0.1, counter="estimate")
     assert estimated is not None and estimated.describe().endswith("6,078 (estimate)")
-    assert check_reply({}, 2051, estimate_margin=0.1) is None
+    assert detect(6078, None, exact=True, estimate_margin=0.1) is None
 
 
 def test_model_label_is_bounded_by_the_backend_list() -> None:
@@ -137,13 +136,12 @@ def _requests() -> list[tuple[str, dict[str, Any]]]:
 async def _warm(http: aiohttp.ClientSession, url: str, path: str, body: dict[str, Any]) -> None:
     """Send a short request until kvgate counts with the model's tokenizer (it loads in the background while the
     first requests get the byte estimate, whose apparent truncations are checked by a recount, not named)."""
-    for _ in range(100):
+    async def counted_with_the_tokenizer() -> bool:
         async with http.post(url + path, json=body) as response:
             await response.read()
-            if not response.headers.get("X-Kvgate-Counter", "estimate").startswith("estimate"):
-                return
-        await asyncio.sleep(0.1)
-    raise AssertionError("the tokenizer never loaded")
+            return not response.headers.get("X-Kvgate-Counter", "estimate").startswith("estimate")
+
+    await until(counted_with_the_tokenizer, timeout_s=10.0, interval_s=0.1)
 
 
 async def _metric(http: aiohttp.ClientSession, url: str) -> float:
@@ -211,7 +209,7 @@ async def test_admission_on_keeps_the_metric_at_zero(sim: str) -> None:
             assert (await response.json())["truncations"] == {"counts": [], "recent": []}
 
 
-def _fake_backend(padding_bytes: int) -> web.Application:
+def _fake_backend(padding_bytes: int) -> dict[tuple[str, str], Handler]:
     """An OpenAI-style server that always reports a 1-token prompt, its JSON reply sent in 64 KiB pieces without a
     Content-Length (as Go servers send bodies over their buffer)."""
 
@@ -226,27 +224,17 @@ def _fake_backend(padding_bytes: int) -> web.Application:
         await response.write_eof()
         return response
 
-    async def listing(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/v1/models", listing)
-    return app
+    listing = {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+    return {("POST", "/v1/chat/completions"): chat, ("GET", "/v1/models"): json_answer(listing)}
 
 
 @pytest.mark.parametrize(("padding_bytes", "named"), [(1 << 20, True), (6 << 20, False)])
 async def test_held_replies_get_the_header_and_larger_ones_stream_on(padding_bytes: int, named: bool) -> None:
-    runner = web.AppRunner(_fake_backend(padding_bytes))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
     chat = {"model": "fake-model", "messages": [{"role": "user", "content": _long_prompt()}]}
-    backend = {"name": "fake", "kind": "openai", "url": f"http://127.0.0.1:{port}"}
     # counted with a real tokenizer: a header is a claim to the client, never made on a byte estimate alone
     models = {"fake-model": {"gguf_path": str(VOCAB / "ggml-vocab-llama-bpe.gguf")}}
-    try:
+    async with serve(_fake_backend(padding_bytes)) as backend_url:
+        backend = {"name": "fake", "kind": "openai", "url": backend_url}
         async with running_gateway([backend], models=models, counting={"count_budget_s": 30.0}) as url, \
                 aiohttp.ClientSession() as http:
             async with http.post(f"{url}/v1/chat/completions", json=chat) as response:
@@ -257,5 +245,3 @@ async def test_held_replies_get_the_header_and_larger_ones_stream_on(padding_byt
             assert await _metric(http, url) == 1  # too large to hold, still counted (found in the body's tail)
             async with http.get(f"{url}/kvgate/metrics") as metrics:
                 assert f'{METRIC}{{backend="fake",model="fake-model"}} 1.0' in await metrics.text()
-    finally:
-        await runner.cleanup()

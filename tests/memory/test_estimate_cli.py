@@ -8,11 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from gateway.memory.estimate_cli import add_arguments, run
-from tests.memory.loopback import serve
-from tests.memory.ollama_fake import FakeOllama
+from tests.support.fake_backend import FakeLLM, OllamaModels, running, serve, text_answer
 from tests.support.tinymodel import write_tiny_model
 
 DATA = Path(__file__).parent / "data"
@@ -60,22 +58,16 @@ async def test_gguf_path() -> None:
 
 
 async def test_model_on_a_backend() -> None:
-    fake = FakeOllama({"llama3.1:8b": ("ggml-vocab-llama-bpe.gguf", "sha256:x")})
-    async with serve(fake.app()) as base:
-        code, out, _ = await _run("llama3.1:8b", "--backend", base, "--vram", "24GiB", "--json")
+    models = OllamaModels({"llama3.1:8b": ("ggml-vocab-llama-bpe.gguf", "sha256:x")})
+    async with running(FakeLLM(answers=models.answers())) as fake:
+        code, out, _ = await _run("llama3.1:8b", "--backend", fake.url, "--vram", "24GiB", "--json")
     data = json.loads(out)
     assert (code, data["source"], data["context"], data["kv_bytes"]) == (0, "ollama", 8192, 1024**3)
 
 
 async def test_vram_from_an_exporter() -> None:
     text = (DATA / "dcgm_exporter_h200.txt").read_text()
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=text)
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    async with serve(app) as base:
+    async with serve({("GET", "/metrics"): text_answer(text)}) as base:
         code, out, _ = await _run("llama3.1:70b", "--context", "131072", "--vram", f"{base}/metrics", "--json")
     data = json.loads(out)
     assert code == 0

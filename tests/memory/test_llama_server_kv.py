@@ -16,8 +16,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.backends.client import BackendClient
 from gateway.backends.prober import LlamaServerProber, detect_backend
-from gateway.memory.gguf_file import read_gguf
+from gateway.gguf import read_gguf
 from gateway.memory.kv import CacheType, KvLayout, ModelShape, kv_cache_parts, llama_server_layout
 from gateway.memory.llama_log import bytes_to_logged_mib, parse_buffers, parse_kv_caches, parse_slots
 from gateway.memory.load_cost import estimate_compute_bytes, output_buffer_bytes
@@ -134,11 +135,12 @@ async def test_prober_against_llama_server(llama_server_bin: Path) -> None:
     args = ("-t", "1", "--no-warmup", "-c", "4096", "-np", "2")
     with run_llama_server(model, *args, binary=llama_server_bin) as server:
         async with aiohttp.ClientSession() as session:
-            assert await detect_backend(session, server.url) == "llama-server"
-            right = LlamaServerProber(session, server.url, configured_unified=False, configured_parallel=2,
+            client = BackendClient(session, server.url)
+            assert await detect_backend(client) == "llama-server"
+            right = LlamaServerProber(client, configured_unified=False, configured_parallel=2,
                                       configured_ctx_size=4096)
             profile = await right.profile()
-            wrong = await LlamaServerProber(session, server.url, configured_unified=True, configured_parallel=2,
+            wrong = await LlamaServerProber(client, configured_unified=True, configured_parallel=2,
                                             configured_ctx_size=4096).profile()
             slots = await right.slots()
         buffers = parse_buffers(server.log_text())

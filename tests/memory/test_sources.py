@@ -20,7 +20,7 @@ from gateway.memory.sources.llamacpp import (
     profile_from_llama_server,
 )
 from gateway.memory.sources.ollama import modelfile_num_ctx, needs_verbose, parse_ps, parse_tags, profile_from_show
-from tests.memory.ollama_fake import show_answer
+from tests.support.fake_backend import show_answer
 
 DATA = Path(__file__).parent / "data"
 

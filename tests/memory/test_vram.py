@@ -7,13 +7,13 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from gateway.memory.vram import CachedVramSource, StaticVramSource, VramReading, VramUnavailable, parse_size
 from gateway.memory.vram_exporter import ExporterSource, devices_from_metrics, parse_prometheus_text
 from gateway.memory.vram_nvml import NvmlSource
 from tests.memory.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml, FakeNVMLError
-from tests.memory.loopback import FakeClock, serve
+from tests.support.clock import FakeClock
+from tests.support.fake_backend import serve, text_answer
 
 DATA = Path(__file__).parent / "data"
 MIB = 1024 * 1024
@@ -153,13 +153,7 @@ def test_prometheus_parser_handles_labels_and_comments() -> None:
 )
 async def test_exporter_over_loopback(filename: str, uuid: str, used_mib: int) -> None:
     text = (DATA / filename).read_text()
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=text, content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    async with serve(app) as base, aiohttp.ClientSession() as session:
+    async with serve({("GET", "/metrics"): text_answer(text)}) as base, aiohttp.ClientSession() as session:
         reading = await ExporterSource(session, f"{base}/metrics", clock=FakeClock(3.0)).read()
     (device,) = reading.devices
     assert (device.index, device.name, device.uuid) == (0, "NVIDIA H200", uuid)
@@ -170,22 +164,15 @@ async def test_exporter_over_loopback(filename: str, uuid: str, used_mib: int) -
 
 
 async def test_exporter_errors_are_unavailable() -> None:
-    async def broken(_: web.Request) -> web.Response:
-        return web.Response(status=503, text="down")
-
-    async def unrelated(_: web.Request) -> web.Response:
-        return web.Response(text="process_cpu_seconds_total 12\n")
-
-    app = web.Application()
-    app.router.add_get("/broken", broken)
-    app.router.add_get("/unrelated", unrelated)
-    async with serve(app) as base, aiohttp.ClientSession() as session:
+    routes = {("GET", "/broken"): text_answer("down", status=503),
+              ("GET", "/unrelated"): text_answer("process_cpu_seconds_total 12\n")}
+    async with serve(routes) as base, aiohttp.ClientSession() as session:
         with pytest.raises(VramUnavailable, match="HTTP 503"):
             await ExporterSource(session, f"{base}/broken").read()
         with pytest.raises(VramUnavailable, match="DCGM_FI_DEV_FB_USED"):
             await ExporterSource(session, f"{base}/unrelated").read()
         with pytest.raises(VramUnavailable, match="unreachable"):
-            await ExporterSource(session, "http://127.0.0.1:9/metrics", timeout_s=2).read()
+            await ExporterSource(session, "http://127.0.0.1:9/metrics", timeout_s=0.5).read()
 
 
 def test_dcgm_multi_gpu_sorted_by_index() -> None:

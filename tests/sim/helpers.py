@@ -9,9 +9,11 @@ from typing import Any
 
 import aiohttp
 
+from gateway.memory.kv import ModelShape
+from kvsim.catalog import ModelSpec
 from kvsim.config import SimConfig
+from kvsim.gpu.vgpu import GIB
 from kvsim.runner import start_sim
-from kvsim.vgpu import GIB
 
 FAST = SimConfig(
     models=("llama3.1:8b", "qwen2.5:7b", "nomic-embed-text"),
@@ -26,6 +28,26 @@ FAST = SimConfig(
 
 def fast(**changes: Any) -> SimConfig:
     return replace(FAST, **changes)
+
+
+def gateway_shape(spec: ModelSpec) -> ModelShape:
+    """A catalog model in the gateway's ``ModelShape``, built from its hyper-parameters (not from its metadata),
+    to check the simulator's allocations and ``model_info`` against the gateway's memory math."""
+    a = spec.arch
+    return ModelShape(
+        architecture=spec.gguf_arch,
+        n_layers=a.n_layers,
+        n_embd=a.n_embd,
+        n_head=(a.n_head,) * a.n_layers,
+        n_head_kv=(0 if spec.is_embedding else a.n_head_kv,) * a.n_layers,
+        key_length=a.head_dim,
+        value_length=a.head_dim,
+        key_length_swa=a.head_dim,
+        value_length_swa=a.head_dim,
+        swa_layers=spec.swa_layers,
+        sliding_window=spec.sliding_window,
+        n_ctx_train=spec.n_ctx_train,
+    )
 
 
 @contextlib.asynccontextmanager

@@ -8,8 +8,9 @@ from gateway.memory.kv import CacheType, kv_bytes_per_token, ollama_kv_cache_byt
 from gateway.memory.metadata import shape_from_metadata
 from gateway.memory.presets import PRESETS
 from kvsim.catalog import CATALOG, DEFAULT_MODELS, human_number, model_info, select
+from kvsim.gpu.weights import FileType, tensor_type, tensors
 from kvsim.vocab import tokenizer_for
-from kvsim.weights import FileType, tensor_type, tensors
+from tests.sim.helpers import gateway_shape
 
 MIB = 2**20
 GB = 10**9
@@ -92,7 +93,7 @@ def test_quantization_mix_follows_llama_cpp() -> None:
 
 
 def test_kv_bytes_per_token_match_kv_memory_md() -> None:
-    shape = CATALOG["llama3.1:8b"].shape
+    shape = gateway_shape(CATALOG["llama3.1:8b"])
     assert kv_bytes_per_token(shape) == 128 * 1024
     assert kv_bytes_per_token(shape, CacheType.Q8_0, CacheType.Q8_0) == 68 * 1024
     assert kv_bytes_per_token(shape, CacheType.Q4_0, CacheType.Q4_0) == 36 * 1024
@@ -104,10 +105,10 @@ def test_model_info_parses_back_to_the_same_kv_shape(name: str) -> None:
     spec = CATALOG[name]
     parsed = shape_from_metadata(model_info(spec))
     assert ollama_kv_cache_bytes(parsed, num_ctx=8192, num_parallel=2) == ollama_kv_cache_bytes(
-        spec.shape, num_ctx=8192, num_parallel=2
+        gateway_shape(spec), num_ctx=8192, num_parallel=2
     )
     if not spec.is_embedding:
-        assert parsed == spec.shape
+        assert parsed == gateway_shape(spec)
 
 
 def test_model_info_hides_arrays_unless_verbose() -> None:
@@ -121,7 +122,7 @@ def test_model_info_hides_arrays_unless_verbose() -> None:
 
 def test_gemma3_declares_its_sliding_window() -> None:
     spec = CATALOG["gemma3:12b"]
-    assert spec.shape.swa_layers.count(False) == 8  # every 6th of 48 layers is global
+    assert gateway_shape(spec).swa_layers.count(False) == 8  # every 6th of 48 layers is global
     assert model_info(spec)["gemma3.attention.sliding_window"] == 1024
     assert model_info(spec)["gemma3.attention.key_length"] == 256
 

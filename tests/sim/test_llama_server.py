@@ -8,9 +8,9 @@ import aiohttp
 import orjson
 import pytest
 
-from kvsim.llama_engine import StartupFailed
+from kvsim.gpu.vgpu import GIB
+from kvsim.llama_server.llama_engine import StartupFailed
 from kvsim.runner import start_sim
-from kvsim.vgpu import GIB
 from tests.sim.helpers import fast, get, post, post_raw, sim_session
 
 SPLIT = fast(mode="llama-server", ctx_size=4096, n_parallel=2)  # -c 4096 -np 2: two 2048-cell slots

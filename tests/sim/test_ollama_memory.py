@@ -12,8 +12,8 @@ import orjson
 
 from gateway.memory.kv import ollama_kv_cache_bytes
 from kvsim.catalog import CATALOG
-from kvsim.load_cost import compute_bytes
-from tests.sim.helpers import GIB, chat_body, fast, get, post, sim_session
+from kvsim.gpu.load_cost import compute_bytes
+from tests.sim.helpers import GIB, chat_body, fast, gateway_shape, get, post, sim_session
 
 LLAMA = CATALOG["llama3.1:8b"]
 MIB = 2**20
@@ -27,7 +27,7 @@ async def wait_for(check: Callable[[], Awaitable[bool]], timeout_s: float = 5.0)
 
 
 def expected_bytes(num_ctx: int, num_batch: int, num_parallel: int = 1) -> int:
-    kv = ollama_kv_cache_bytes(LLAMA.shape, num_ctx=num_ctx, num_parallel=num_parallel)
+    kv = ollama_kv_cache_bytes(gateway_shape(LLAMA), num_ctx=num_ctx, num_parallel=num_parallel)
     return LLAMA.weights.gpu_bytes + kv + compute_bytes(LLAMA, num_batch)
 
 
@@ -67,7 +67,7 @@ async def test_a_different_num_ctx_reloads_the_same_one_does_not() -> None:
 async def test_load_that_does_not_fit_is_ollamas_out_of_memory() -> None:
     async with sim_session(fast(gpu_bytes=(12 * GIB,))) as (_, s):
         status, body = await post(s, "/api/chat", chat_body(options={"num_ctx": 65536}))
-        kv_mib = ollama_kv_cache_bytes(LLAMA.shape, num_ctx=65536, num_parallel=1) / MIB  # weights fit, KV not
+        kv_mib = ollama_kv_cache_bytes(gateway_shape(LLAMA), num_ctx=65536, num_parallel=1) / MIB  # weights fit, KV not
         assert status == 500
         assert body == {
             "error": "llama-server reported out-of-memory during startup: "

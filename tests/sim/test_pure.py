@@ -8,12 +8,13 @@ import pytest
 
 from kvsim.catalog import CATALOG
 from kvsim.failures import SimError
-from kvsim.godur import FOREVER_S, DurationError, parse_go_duration, parse_keep_alive
-from kvsim.gojson import dumps, read_object
-from kvsim.load_cost import auto_batch_e3, batch_surcharge, place, predicted_vram_e3
-from kvsim.options import LoadedState, OptionError, parse_options, schedule_num_ctx
-from kvsim.options import needs_reload as reload_needed
-from kvsim.prompting import (
+from kvsim.gpu.load_cost import auto_batch_e3, batch_surcharge, place, predicted_vram_e3
+from kvsim.gpu.vgpu import GIB, DeviceSpec, VirtualGpu
+from kvsim.ollama.godur import FOREVER_S, DurationError, parse_go_duration, parse_keep_alive
+from kvsim.ollama.gojson import dumps, read_object
+from kvsim.ollama.options import LoadedState, OptionError, parse_options, schedule_num_ctx
+from kvsim.ollama.options import needs_reload as reload_needed
+from kvsim.ollama.prompting import (
     INPUT_TOO_LONG,
     PROMPT_TOO_LONG,
     chat_prompt,
@@ -23,7 +24,6 @@ from kvsim.prompting import (
     fit_tokens_e3,
 )
 from kvsim.templates import Message, collate, render
-from kvsim.vgpu import GIB, DeviceSpec, VirtualGpu
 from kvsim.vocab import tokenizer_for
 
 

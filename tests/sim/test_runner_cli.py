@@ -7,9 +7,9 @@ import argparse
 import pytest
 
 from kvsim.config import SimConfig
-from kvsim.godur import FOREVER_S
+from kvsim.gpu.vgpu import GIB
+from kvsim.ollama.godur import FOREVER_S
 from kvsim.runner import add_sim_arguments, sim_config_from_args
-from kvsim.vgpu import GIB
 
 
 def parse(*argv: str) -> SimConfig:

@@ -6,9 +6,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from kvsim.demo import compare
 from kvsim.templates import Message
-from kvsim.workload import (
+from kvsim.workload.demo import compare
+from kvsim.workload.workload import (
     Call,
     Outcome,
     RunReport,
@@ -17,7 +17,7 @@ from kvsim.workload import (
     known_prompt_tokens,
     run_workload,
 )
-from kvsim.workload_report import render_comparison, render_outcomes
+from kvsim.workload.workload_report import render_comparison, render_outcomes
 from tests.sim.helpers import fast, running_sim
 
 

@@ -11,6 +11,8 @@ import orjson
 import pytest
 from aiohttp import web
 
+from gateway.backends.client import BackendClient
+from gateway.domain import BackendKind
 from gateway.tokens.chain import CounterChain
 from gateway.tokens.count import Counter, CounterUnavailable, TokenCount
 from gateway.tokens.estimate import EstimateCounter
@@ -20,7 +22,7 @@ from gateway.tokens.overhead import OverheadEstimator
 from gateway.tokens.sources import GGUFFileSource, OllamaShowSource, TokenizerJsonSource
 from gateway.tokens.tiktoken_counter import EncodingSpec, TiktokenCounter
 from gateway.tokens.tokenizer_counter import TokenizerCounter
-from tests.tokens.fake_backends import FakeOllama, serve
+from tests.support.fake_backend import FakeLLM, OllamaModels, running, serve
 from tests.tokens.vocab_vectors import shared_tokenizer, vocab_path
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there, how are you?"}]
@@ -29,6 +31,11 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 def _json_meta(vocab: str) -> dict[str, Any]:
     loaded: dict[str, Any] = orjson.loads(orjson.dumps(read_gguf_tokenizer_metadata(vocab_path(vocab))))
     return loaded
+
+
+def _ollama(model: str, digest: str, model_info: dict[str, Any]) -> FakeLLM:
+    """A fake Ollama with one model whose /api/show model_info is ``model_info``."""
+    return FakeLLM(answers=OllamaModels({model: (model_info, digest)}).answers())
 
 
 # ---- llama-server counter ------------------------------------------------------------------------------------
@@ -48,7 +55,7 @@ async def test_llama_server_counter_reads_both_routes() -> None:
 
     routes = {("POST", "/v1/chat/completions/input_tokens"): input_tokens, ("POST", "/tokenize"): tokenize}
     async with serve(routes) as url, aiohttp.ClientSession() as session:
-        counter = LlamaServerCounter(session, url, model="m", api_key="secret")
+        counter = LlamaServerCounter(BackendClient(session, url, api_key="secret"), model="m")
         assert await counter.count_chat(CHAT, [{"type": "function", "function": {"name": "f"}}]) == TokenCount(
             45, "llama-server", True
         )
@@ -65,15 +72,16 @@ async def test_llama_server_counter_unavailable_on_error_status_and_refused_conn
 
     async with serve({("POST", "/v1/chat/completions/input_tokens"): loading}) as url, aiohttp.ClientSession() as s:
         with pytest.raises(CounterUnavailable, match="HTTP 503"):
-            await LlamaServerCounter(s, url).count_chat(CHAT)
+            await LlamaServerCounter(BackendClient(s, url)).count_chat(CHAT)
     async with aiohttp.ClientSession() as session:
         with pytest.raises(CounterUnavailable, match="llama-server"):
-            await LlamaServerCounter(session, url, timeout_s=2).count_chat(CHAT)  # the server is gone now
+            gone = LlamaServerCounter(BackendClient(session, url), timeout_s=0.5)
+            await gone.count_chat(CHAT)  # the server is gone now
 
 
 async def test_llama_server_counter_counts_invalid_utf8_by_bytes() -> None:
     async with aiohttp.ClientSession() as session:
-        counted = await LlamaServerCounter(session, "http://127.0.0.1:9").count_text(b"\xff\xfe abc")
+        counted = await LlamaServerCounter(BackendClient(session, "http://127.0.0.1:9")).count_text(b"\xff\xfe abc")
     assert counted == TokenCount(6, "llama-server/bytes", exact=False)
 
 
@@ -156,23 +164,25 @@ async def test_tokenizer_json_source(tmp_path: Path) -> None:
 
 
 async def test_ollama_source_builds_once_and_caches_by_digest(tmp_path: Path) -> None:
-    fake = FakeOllama("llama2:latest", "sha256:abc123", _json_meta("llama-spm"))
-    async with serve(fake.routes()) as url, aiohttp.ClientSession() as session:
+    fake = _ollama("llama2:latest", "sha256:abc123", _json_meta("llama-spm"))
+    async with running(fake), aiohttp.ClientSession() as session:
+        url = fake.url
         for _ in range(2):  # two gateway processes: the second finds the converted tokenizer on disk
-            source = OllamaShowSource(session, url, "llama2", cache_dir=tmp_path)
+            source = OllamaShowSource(BackendClient(session, url), "llama2", cache_dir=tmp_path)
             counter = TokenizerCounter(source, model="llama2")
             assert (await counter.count_text("Hello world", add_special=False)).tokens == 2
-    assert fake.calls["show_verbose"] == 1  # the second only asks for the (small) template
-    assert fake.calls["show"] == 2
-    assert fake.calls["tags"] == 2
+    assert sum(bool(body.get("verbose")) for body in fake.json_bodies("/api/show")) == 1  # the second only asks
+    assert len(fake.requests_to("/api/show")) == 2  # for the (small) template
+    assert len(fake.requests_to("/api/tags")) == 2
     assert (tmp_path / "ollama-sha256-abc123.v1.tokenizer.json").is_file()
 
 
 async def test_unsupported_ollama_tokenizer_falls_back_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     info = {**_json_meta("gpt-2"), "tokenizer.ggml.model": "bert"}
-    fake = FakeOllama("embed:latest", "sha256:def", info)
-    async with serve(fake.routes()) as url, aiohttp.ClientSession() as session:
-        gguf = TokenizerCounter(OllamaShowSource(session, url, "embed:latest"), model="embed:latest")
+    fake = _ollama("embed:latest", "sha256:def", info)
+    async with running(fake), aiohttp.ClientSession() as session:
+        source = OllamaShowSource(BackendClient(session, fake.url), "embed:latest")
+        gguf = TokenizerCounter(source, model="embed:latest")
         chain = CounterChain("embed:latest", [gguf, EstimateCounter()])
         with caplog.at_level(logging.WARNING, logger="gateway.tokens.chain"):
             first = await chain.count_chat(CHAT)
@@ -181,13 +191,13 @@ async def test_unsupported_ollama_tokenizer_falls_back_with_a_warning(caplog: py
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1, warnings
     assert "embed:latest" in warnings[0] and "'bert'" in warnings[0] and "estimate" in warnings[0]
-    assert fake.calls["show"] == 1  # a permanent failure is not retried per request
+    assert len(fake.requests_to("/api/show")) == 1  # a permanent failure is not retried per request
 
 
 async def test_ollama_unknown_model_is_unavailable() -> None:
-    fake = FakeOllama("llama2:latest", "sha256:abc", _json_meta("llama-spm"))
-    async with serve(fake.routes()) as url, aiohttp.ClientSession() as session:
-        counter = TokenizerCounter(OllamaShowSource(session, url, "nope"), model="nope")
+    fake = _ollama("llama2:latest", "sha256:abc", _json_meta("llama-spm"))
+    async with running(fake), aiohttp.ClientSession() as session:
+        counter = TokenizerCounter(OllamaShowSource(BackendClient(session, fake.url), "nope"), model="nope")
         with pytest.raises(CounterUnavailable, match="HTTP 404"):
             await counter.count_text("x")
 
@@ -273,9 +283,15 @@ async def test_factory_orders_counters_per_backend_kind(tmp_path: Path) -> None:
         tiktoken_dir=tmp_path,
     )
     async with aiohttp.ClientSession() as session:
-        llama = build_counter_chain("llama-server", "local", session=session, base_url="http://x", settings=settings)
-        ollama = build_counter_chain("ollama", "qwen", session=session, base_url="http://x", settings=settings)
-        openai = build_counter_chain("openai", "gpt", session=session, base_url="http://x", settings=settings)
+        llama = build_counter_chain(
+            BackendKind.LLAMA_SERVER, "local", client=BackendClient(session, "http://x"), settings=settings
+        )
+        ollama = build_counter_chain(
+            BackendKind.OLLAMA, "qwen", client=BackendClient(session, "http://x"), settings=settings
+        )
+        openai = build_counter_chain(
+            BackendKind.OPENAI, "gpt", client=BackendClient(session, "http://x"), settings=settings
+        )
     assert [c.name for c in llama.counters] == [
         "llama-server",
         "gguf",
@@ -297,7 +313,7 @@ async def test_probe_chat_template_reads_props_and_tolerates_failures() -> None:
         return web.Response(text="not json")
 
     async with serve({("GET", "/props"): props}) as url, aiohttp.ClientSession() as session:
-        assert await probe_chat_template(session, url) == "chatml"
+        assert await probe_chat_template(BackendClient(session, url)) == "chatml"
     async with serve({("GET", "/props"): broken}) as url, aiohttp.ClientSession() as session:
-        assert await probe_chat_template(session, url) is None
-        assert await probe_chat_template(session, url + "/nowhere") is None
+        assert await probe_chat_template(BackendClient(session, url)) is None
+        assert await probe_chat_template(BackendClient(session, url + "/nowhere")) is None

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.tokens.gotemplate import OllamaTemplate, TemplateError
-from kvsim.go_templates import GO_TEMPLATES
+from kvsim.ollama.go_templates import GO_TEMPLATES
 
 TODAY = dt.date(2025, 6, 1)
 USER = [{"role": "user", "content": "hi"}]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.tokens.gotemplate import OllamaTemplate
-from kvsim.go_templates import GO_TEMPLATES
+from kvsim.ollama.go_templates import GO_TEMPLATES
 from kvsim.templates import Message as SimMessage
 from kvsim.templates import render as sim_render
 

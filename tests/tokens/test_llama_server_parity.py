@@ -1,5 +1,4 @@
 """kvgate's GGUF-path count equals what a real llama-server counts, for a corpus of varied chats.
-
 The server runs a tiny model with the real Llama 3 vocabulary and the Llama 3.1 Instruct chat template
 (data/llama-3.1-instruct.jinja, as published in llama.cpp's models/templates). For every chat the GGUF path
 (tokenizer converted from the model file + template rendered in Python, family detected from GET /props) must equal
@@ -18,6 +17,7 @@ import aiohttp
 import pytest
 
 from gateway import dialects
+from gateway.backends.client import BackendClient
 from gateway.domain import Dialect, Operation
 from gateway.tokens.llama_server_counter import LlamaServerCounter, probe_chat_template
 from gateway.tokens.request_count import count_prompt
@@ -60,10 +60,10 @@ def _gguf_counter(model_path: Path, family: str | None) -> TokenizerCounter:
 async def test_gguf_path_matches_server_on_chat_corpus(server: RunningLlamaServer, model_path: Path) -> None:
     corpus = chat_corpus()
     async with aiohttp.ClientSession() as session:
-        family = await probe_chat_template(session, server.url)
+        family = await probe_chat_template(BackendClient(session, server.url))
         assert family == "llama3.1"
         ours = _gguf_counter(model_path, family)
-        exact_server = LlamaServerCounter(session, server.url)
+        exact_server = LlamaServerCounter(BackendClient(session, server.url))
         rows = []
         for body in corpus:
             mine = await ours.count_chat(body["messages"], body.get("tools", ()))
@@ -94,7 +94,7 @@ RAW_PROMPTS = [
 async def test_raw_prompts_match_tokenize_and_completion(server: RunningLlamaServer, model_path: Path) -> None:
     ours = _gguf_counter(model_path, None)
     async with aiohttp.ClientSession() as session:
-        exact_server = LlamaServerCounter(session, server.url)
+        exact_server = LlamaServerCounter(BackendClient(session, server.url))
         for prompt in RAW_PROMPTS:
             for add_special in (True, False):
                 mine = await ours.count_text(prompt, add_special=add_special)
@@ -111,7 +111,7 @@ async def test_counts_run_concurrently(server: RunningLlamaServer, model_path: P
     corpus = chat_corpus(12, seed=7)
     ours = _gguf_counter(model_path, "llama3.1")
     async with aiohttp.ClientSession() as session:
-        exact_server = LlamaServerCounter(session, server.url)
+        exact_server = LlamaServerCounter(BackendClient(session, server.url))
         mine = await asyncio.gather(*(ours.count_chat(b["messages"], b.get("tools", ())) for b in corpus))
         theirs = await asyncio.gather(*(exact_server.count_chat(b["messages"], b.get("tools", ())) for b in corpus))
     assert [m.tokens for m in mine] == [t.tokens for t in theirs]
@@ -138,9 +138,9 @@ async def test_responses_bodies_count_like_the_server(server: RunningLlamaServer
     """/v1/responses: kvgate's reading of input, instructions and tools gives the server's own count
     (POST /v1/responses/input_tokens), through the server's counter and through the GGUF path alike."""
     async with aiohttp.ClientSession() as session:
-        family = await probe_chat_template(session, server.url)
+        family = await probe_chat_template(BackendClient(session, server.url))
         ours = _gguf_counter(model_path, family)
-        exact_server = LlamaServerCounter(session, server.url)
+        exact_server = LlamaServerCounter(BackendClient(session, server.url))
         rows = []
         for body in RESPONSES_BODIES:
             prompt = dialects.parse(Dialect.OPENAI, Operation.RESPONSES, body, "/v1/responses").prompt_input

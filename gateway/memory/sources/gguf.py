@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.memory.gguf_file import GgufSummary, read_gguf
+from gateway.gguf import GgufSummary, read_gguf
 from gateway.memory.kv import ModelShape
 from gateway.memory.profile import ModelProfile, ProfileSource
 from gateway.memory.sources.common import n_ff_from, n_vocab_from, quantization_name

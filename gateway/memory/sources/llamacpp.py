@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.memory.gguf_file import GgufSummary
+from gateway.gguf import GgufSummary
 from gateway.memory.kv import ModelShape, ShapeError, llama_server_layout
 from gateway.memory.profile import ModelProfile, ProfileSource
 from gateway.memory.sources.common import ProfileError, as_int, n_ff_from, n_vocab_from, quantization_name

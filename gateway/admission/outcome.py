@@ -1,0 +1,163 @@
+"""What the admission step did to one request, as data, and the small pure renderers that show it.
+
+    Admitter.admit(...) -> Admitted(body, outcome, permit)
+                                      |
+              +-----------------------+-------------------------+
+              v                       v                         v
+    response_headers(outcome)   log_fields(outcome)   decision_labels(outcome)
+    (X-Kvgate-* to the client)  (the request's log)   (kvgate_decisions_total, via metrics.record)
+
+Nothing reads a header back: every consumer renders the outcome it needs. No I/O, no clock, no asyncio here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gateway.admission.permit import Permit
+from gateway.admission.types import PoolKey
+from gateway.fitting.trim import describe_trim
+from gateway.tokens.count import TokenCount
+
+PROMPT_TOKENS_HEADER = "X-Kvgate-Prompt-Tokens"
+COUNTER_HEADER = "X-Kvgate-Counter"
+TRIMMED_HEADER = "X-Kvgate-Trimmed"
+RESERVED_TOKENS_HEADER = "X-Kvgate-Reserved-Tokens"
+QUEUE_WAIT_HEADER = "X-Kvgate-Queue-Wait"
+REWRITE_HEADER = "X-Kvgate-Rewrite"
+
+
+class AdmissionDecision(StrEnum):
+    """How a request that was not refused went through."""
+
+    ADMITTED = "admitted"
+    """Reserved in its pool at once."""
+    ADMITTED_AFTER_WAIT = "admitted_after_wait"
+    """Reserved in its pool after waiting in the queue."""
+    FORWARDED_WITHOUT_POOL = "forwarded_without_pool"
+    """No pool to plan against (admission off, or a backend that reports no KV layout): only the tenant's output
+    cap applied."""
+
+
+@dataclass(frozen=True, slots=True)
+class Trim:
+    """The oldest history dropped so the prompt fits the context."""
+
+    dropped_messages: int
+    of_messages: int
+    before_tokens: int
+    after_tokens: int
+
+    def describe(self) -> str:
+        return describe_trim(self.dropped_messages, self.of_messages, self.before_tokens, self.after_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """What the request holds in its pool until its response ends."""
+
+    pool: PoolKey
+    tokens: int
+    sequences: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionOutcome:
+    """One admitted request: its count (and the recount that replaced it), what was rewritten or trimmed, how long
+    it waited, what it holds, and the notes of the planner and the pool directory, for operators."""
+
+    count: TokenCount
+    recount: TokenCount | None = None
+    """A later count the request was admitted on (a real count of a prompt that looked too long)."""
+    rewrites: tuple[str, ...] = ()
+    """The changes made to the body, as the rewriter describes them ("options.num_ctx=8192 (was 16384)")."""
+    trim: Trim | None = None
+    waited_s: float = 0.0
+    reserved: Reserved | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def decision(self) -> AdmissionDecision:
+        if self.reserved is None:
+            return AdmissionDecision.FORWARDED_WITHOUT_POOL
+        if self.waited_s > 0:
+            return AdmissionDecision.ADMITTED_AFTER_WAIT
+        return AdmissionDecision.ADMITTED
+
+    @property
+    def counted(self) -> TokenCount:
+        """The count the request was admitted on: the recount if there was one."""
+        return self.count if self.recount is None else self.recount
+
+    @property
+    def forwarded_count(self) -> TokenCount:
+        """The count of the prompt the backend gets: after a trim, the trimmed prompt's (by the same counter)."""
+        counted = self.counted
+        if self.trim is None:
+            return counted
+        return TokenCount(self.trim.after_tokens, counted.counter, counted.exact)
+
+
+@dataclass(slots=True)
+class Admitted:
+    """A request the admission step let through: the body to forward (rewritten, or the client's own bytes), what
+    happened, and the permit holding its reservation (None without a pool), released exactly once."""
+
+    body: bytes
+    outcome: AdmissionOutcome
+    permit: Permit | None = None
+
+    def release(self) -> None:
+        if self.permit is not None:
+            self.permit.release()
+
+
+def count_headers(count: TokenCount) -> dict[str, str]:
+    return {
+        PROMPT_TOKENS_HEADER: str(count.tokens),
+        COUNTER_HEADER: f"{count.counter}; {'exact' if count.exact else 'estimate'}",
+    }
+
+
+def response_headers(outcome: AdmissionOutcome) -> dict[str, str]:
+    """The X-Kvgate-* headers that tell the client what admission did (in the order they have always been sent)."""
+    headers = count_headers(outcome.forwarded_count)
+    if outcome.trim is not None:
+        headers[TRIMMED_HEADER] = outcome.trim.describe()
+    if outcome.reserved is not None:
+        headers[RESERVED_TOKENS_HEADER] = str(outcome.reserved.tokens)
+        headers[QUEUE_WAIT_HEADER] = f"{outcome.waited_s:.3f}"
+    if outcome.rewrites:
+        headers[REWRITE_HEADER] = "; ".join(outcome.rewrites)
+    return headers
+
+
+def log_fields(outcome: AdmissionOutcome) -> dict[str, object]:
+    """Fields for the request's log line."""
+    count = outcome.forwarded_count
+    fields: dict[str, object] = {
+        "decision": outcome.decision.value, "prompt_tokens": count.tokens, "counter": count.counter,
+        "exact": count.exact,
+    }
+    if outcome.reserved is not None:
+        fields["reserved_tokens"] = outcome.reserved.tokens
+        fields["queue_wait_s"] = round(outcome.waited_s, 3)
+    if outcome.trim is not None:
+        fields["trimmed_messages"] = outcome.trim.dropped_messages
+    return fields
+
+
+def decision_labels(outcome: AdmissionOutcome) -> tuple[str, ...]:
+    """The ``decision`` labels of ``kvgate_decisions_total`` one request counts in: admitted (and queued, when it
+    waited), rewritten, trimmed."""
+    labels: list[str] = []
+    if outcome.reserved is not None:
+        labels.append("admitted")
+        if outcome.decision is AdmissionDecision.ADMITTED_AFTER_WAIT:
+            labels.append("queued")
+    if outcome.rewrites:
+        labels.append("rewritten")
+    if outcome.trim is not None:
+        labels.append("trimmed")
+    return tuple(labels)

@@ -1,0 +1,286 @@
+"""One client per backend: base URL, auth, Host, timeouts, JSON calls, the proxy's streaming open, model names.
+
+Every HTTP call kvgate makes to a backend goes through a ``BackendClient`` (the session is injected and shared), and
+every transport failure (aiohttp, asyncio, orjson) is translated into the gateway's errors at one place,
+``call_error``, by one table:
+
+    BackendCallError              base: a call to a backend failed; the message names the backend and the call
+    ├── BackendUnreachable   502  connection refused, no such host (aiohttp.ClientConnectorError)
+    ├── BackendDropped       502  the connection broke before an answer (ServerDisconnectedError, other ClientError)
+    ├── BackendStatusError   502  an answer with a status other than 2xx (``backend_status``; ClientResponseError)
+    ├── BackendBadReply      502  an answer that is not JSON, or JSON that is not an object (ValueError, orjson)
+    └── BackendCallTimeout   504  no connection within connect_s, or no answer within first_byte_s (or a call's cap)
+
+Each is also a ``BackendUnavailable`` or ``BackendTimeout`` of ``gateway.errors``, so the proxy lets them through to
+be rendered; probers, counters and VRAM readers wrap them in their own types in one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Collection, Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+from multidict import CIMultiDict
+from yarl import URL
+
+from gateway.config import BackendSettings, Timeouts
+from gateway.errors import BackendTimeout, BackendUnavailable, GatewayError
+
+log = logging.getLogger(__name__)
+
+Body = bytes | AsyncIterator[bytes] | None
+ERROR_TEXT_CHARS = 200
+"""How much of an error answer's body a BackendStatusError quotes."""
+
+
+class BackendCallError(GatewayError):
+    """Raised when a call to a backend fails; never raised itself (one of the subclasses below is)."""
+
+    backend_status: int | None = None
+    """The HTTP status the backend answered with, when it answered."""
+
+
+class BackendUnreachable(BackendCallError, BackendUnavailable):
+    """Raised when the backend refuses the connection or its host can't be resolved."""
+
+
+class BackendDropped(BackendCallError, BackendUnavailable):
+    """Raised when the backend closes or breaks the connection before it answers."""
+
+
+class BackendStatusError(BackendCallError, BackendUnavailable):
+    """Raised when the backend answers a JSON call with a status other than 2xx."""
+
+
+class BackendBadReply(BackendCallError, BackendUnavailable):
+    """Raised when the backend's answer to a JSON call is not JSON, or not a JSON object."""
+
+
+class BackendCallTimeout(BackendCallError, BackendTimeout):
+    """Raised when the backend does not accept a connection within connect_s or answer within its time."""
+
+
+_ERROR_TABLE: tuple[tuple[type[Exception], type[BackendCallError], str], ...] = (
+    (aiohttp.ConnectionTimeoutError, BackendCallTimeout,
+     "{where} did not accept a connection within {connect_s:g} s (timeouts.connect_s)"),
+    (aiohttp.ClientConnectorError, BackendUnreachable, "{where} is unreachable: {reason}"),
+    (aiohttp.ClientResponseError, BackendStatusError, "{where} answered HTTP {status}: {reason}"),
+    (TimeoutError, BackendCallTimeout, "{where} sent no response within {waited}"),
+    (aiohttp.ClientError, BackendDropped, "{where} failed before answering: {reason}"),
+    (ValueError, BackendBadReply, "{where} answered with something that is not JSON: {reason}"),
+)
+"""First match wins: a ConnectionTimeoutError is also a TimeoutError and a ClientError, a ClientConnectorError a
+ClientError, an orjson.JSONDecodeError a ValueError."""
+
+TRANSPORT_ERRORS: tuple[type[Exception], ...] = tuple(kind for kind, _, _ in _ERROR_TABLE)
+
+
+def call_error(exc: Exception, where: str, *, connect_s: float, waited: str) -> BackendCallError:
+    """The gateway's error for a transport failure ``exc`` of a call described by ``where``; ``waited`` says how long
+    an answer was waited for and which setting says so."""
+    if isinstance(exc, BackendCallError):
+        return exc
+    for kind, error, template in _ERROR_TABLE:
+        if isinstance(exc, kind):
+            status = exc.status if isinstance(exc, aiohttp.ClientResponseError) else None
+            reason = _reason(exc)
+            made = error(template.format(where=where, connect_s=connect_s, waited=waited, status=status,
+                                         reason=reason))
+            made.backend_status = status
+            return made
+    raise TypeError(f"not a transport error: {exc!r}") from exc
+
+
+def broken_off(exc: aiohttp.ClientError, where: str, what: str = "response") -> BackendDropped:
+    """The gateway's error for a backend that broke off its ``what`` (response, stream) after it began answering."""
+    return BackendDropped(f"{where} broke off the {what}: {_reason(exc)}")
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return exc.strerror or str(exc)
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return exc.message
+    return str(exc) or type(exc).__name__
+
+
+async def fetch(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: URL,
+    *,
+    where: str,
+    headers: Mapping[str, str] | None = None,
+    json_body: Any = None,
+    timeouts: Timeouts,
+    timeout_s: float | None = None,
+) -> bytes:
+    """One whole request and answer: the body of a 2xx answer; BackendCallError for anything else. The answer must
+    come whole within ``timeout_s`` (default ``timeouts.first_byte_s``); the connection within ``connect_s``."""
+    limit_s = timeouts.first_byte_s if timeout_s is None else timeout_s
+    waited = f"{limit_s:g} s" + (" (timeouts.first_byte_s)" if timeout_s is None else "")
+    client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s)
+    try:
+        async with asyncio.timeout(limit_s):
+            async with session.request(method, url, headers=headers, json=json_body, timeout=client_timeout,
+                                       allow_redirects=False) as response:
+                if not 200 <= response.status < 300:
+                    text = (await response.content.read(ERROR_TEXT_CHARS)).decode(errors="replace")
+                    raise aiohttp.ClientResponseError(response.request_info, (), status=response.status,
+                                                      message=text)
+                return await response.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise call_error(exc, where, connect_s=timeouts.connect_s, waited=waited) from exc
+
+
+def json_object(raw: bytes, where: str) -> dict[str, Any]:
+    """``raw`` as a JSON object; BackendBadReply when it is not JSON or not an object."""
+    try:
+        data = orjson.loads(raw)
+    except ValueError as exc:
+        raise call_error(exc, where, connect_s=0.0, waited="") from exc  # timing plays no part here
+    if not isinstance(data, dict):
+        raise BackendBadReply(f"{where} answered JSON that is not an object: {raw[:80].decode(errors='replace')}")
+    return data
+
+
+# ---- model names -------------------------------------------------------------------------------------------------
+
+
+def canonical_model(name: str) -> str:
+    """Ollama's spelling of a model name: a name without a tag means its ``:latest`` (``x`` is ``x:latest``; in
+    ``host:5000/x`` the colon is the port's, so that is ``host:5000/x:latest``)."""
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+
+def name_candidates(model: str) -> tuple[str, ...]:
+    """The spellings that name the same model as ``model``, ``model`` itself first."""
+    canonical = canonical_model(model)
+    bare = canonical.removesuffix(":latest")
+    return tuple(dict.fromkeys((model, canonical, bare)))
+
+
+def find_model(model: str, names: Collection[str]) -> str | None:
+    """The name in ``names`` that means ``model`` (itself if listed, else its ``:latest`` twin), None if none does."""
+    return next((name for name in name_candidates(model) if name in names), None)
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two names mean the same model (``x`` and ``x:latest`` do)."""
+    return canonical_model(a) == canonical_model(b)
+
+
+# ---- the client -------------------------------------------------------------------------------------------------
+
+
+class BackendClient:
+    """Talks to one backend: its URL, its API key (sent on every call), its Host header and its timeouts."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeouts: Timeouts | None = None,
+        label: str | None = None,
+    ) -> None:
+        self._session = session
+        self.base_url = URL(base_url)
+        self._api_key = api_key
+        self.timeouts = timeouts or Timeouts()
+        self.label = label or str(self.base_url).rstrip("/")
+
+    @classmethod
+    def for_backend(cls, session: aiohttp.ClientSession, settings: BackendSettings) -> BackendClient:
+        key = settings.api_key.get_secret_value() if settings.api_key else None
+        return cls(session, settings.url, api_key=key, timeouts=settings.timeouts,
+                   label=f"backend '{settings.name}' at {settings.url}")
+
+    def __repr__(self) -> str:
+        return f"BackendClient({self.label!r})"  # never the API key
+
+    @property
+    def host_header(self) -> str:
+        return self.base_url.host_port_subcomponent or ""
+
+    def identity(self) -> dict[str, str]:
+        """The headers every call carries: Host, and the backend's API key when one is configured."""
+        headers = {"Host": self.host_header}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    def url_for(self, path_qs: str) -> URL:
+        """The backend's URL for a request target as the client sent it (raw, percent-encoded): the configured
+        scheme, host and port always, under the configured path. Built from parts, so no target (an absolute URL,
+        ``//host``, ``@host``, a scheme without ``/``) can change the host; a fragment is dropped."""
+        base = self.base_url
+        path, _, query = path_qs.partition("#")[0].partition("?")
+        return URL.build(scheme=base.scheme, user=base.raw_user, password=base.raw_password, host=base.raw_host or "",
+                         port=base.explicit_port, path=base.raw_path.rstrip("/") + "/" + path.lstrip("/"),
+                         query_string=query, encoded=True)
+
+    async def get_json(self, path: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+        """GET ``path``: its JSON object; BackendCallError when the call fails or the answer is not one."""
+        return await self._object("GET", path, None, timeout_s)
+
+    async def post_json(self, path: str, body: Any, *, timeout_s: float | None = None) -> dict[str, Any]:
+        """POST ``body`` as JSON to ``path``: the answer's JSON object; BackendCallError as for get_json."""
+        return await self._object("POST", path, body, timeout_s)
+
+    async def request_json(self, method: str, path: str, body: Any = None, *, timeout_s: float | None = None) -> Any:
+        """Any JSON answer (llama-server's /slots is an array); BackendCallError when the call fails or the answer
+        is not JSON."""
+        where = self._where(method, path)
+        raw = await self._fetch(method, path, body, where, timeout_s)
+        try:
+            return orjson.loads(raw)
+        except ValueError as exc:
+            raise call_error(exc, where, connect_s=self.timeouts.connect_s, waited="") from exc
+
+    async def _object(self, method: str, path: str, body: Any, timeout_s: float | None) -> dict[str, Any]:
+        where = self._where(method, path)
+        return json_object(await self._fetch(method, path, body, where, timeout_s), where)
+
+    def _where(self, method: str, path: str) -> str:
+        return f"{method} {path} on {self.label}"
+
+    async def _fetch(self, method: str, path: str, body: Any, where: str, timeout_s: float | None) -> bytes:
+        return await fetch(self._session, method, self.url_for(path), where=where, headers=self.identity(),
+                           json_body=body, timeouts=self.timeouts, timeout_s=timeout_s)
+
+    async def open(self, method: str, path_qs: str, headers: Mapping[str, str], body: Body) -> aiohttp.ClientResponse:
+        """Send a request and return the backend's response once its headers are in (the caller streams the body
+        and closes it). Headers within ``first_byte_s``; a connection the backend closed before answering is
+        tried once more when the body is held whole."""
+        sent = CIMultiDict(headers)
+        for name, value in self.identity().items():
+            sent[name] = value
+        first_byte_s = self.timeouts.first_byte_s
+        try:
+            async with asyncio.timeout(first_byte_s):
+                return await self._send(method, path_qs, sent, body)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise call_error(exc, self.label, connect_s=self.timeouts.connect_s,
+                             waited=f"{first_byte_s:g} s (timeouts.first_byte_s)") from None
+
+    async def _send(self, method: str, path_qs: str, headers: CIMultiDict[str], body: Body) -> aiohttp.ClientResponse:
+        client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect_s)
+        for attempt in (1, 2):
+            try:
+                return await self._session.request(
+                    method, self.url_for(path_qs), headers=headers, data=body, timeout=client_timeout,
+                    allow_redirects=False, skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
+                )
+            except aiohttp.ServerDisconnectedError:
+                # A pooled connection the server closed while idle (its keep-alive ran out as this request went
+                # out): nothing was answered, so a body kvgate holds whole is sent once more.
+                if attempt == 2 or not isinstance(body, bytes | None):
+                    raise
+                log.info("%s closed a kept-alive connection before answering; sending again", self.label)
+        raise AssertionError("unreachable")
