@@ -1,9 +1,20 @@
-"""The one orchestrator of the request path (design.md section 3).
+"""The one orchestrator of the request path (design.md section 3); each step lives in the module named beside it.
 
-    client -> parse (dialect) -> route (backend by model) -> forward -> stream back
+    read the body        body/reader.py          decoded, bounded, held under the request's lease (body/budget.py)
+    parse                dialects/               once, into a frozen ParsedRequest (domain.py)
+    tenant               admission/tenants.py    API key to tenant and its caps
+    route                backends/registry.py    the backend serving the model, and its own name for it
+    find the pool        admission/pools.py      the model's KV pool, probed through backends/probes.py
+    count                tokens/prompt_counter.py  the prompt's tokens, exact where a counter can
+    admit                admission/admit.py      plan (planner.py, pure), fit (fitting/), reserve or wait
+                                                 (waiting_room.py, ledger.py): one AdmissionOutcome (outcome.py)
+    forward              backends/client.py      the backend's one client: auth, Host, timeouts, transport errors
+    stream back          streaming.py            bytes pass through; usage observed (observability/usage.py)
+    release + observe    here                    the permit is released; truncation checked
+                                                 (observability/truncation.py); calibration; metrics and the
+                                                 log line rendered from the outcome (observability/metrics.py)
 
-Later stages (count, plan, transform, reserve) plug in between route and forward. Errors are translated into
-``gateway.errors`` here and rendered once, in the dialect of the request.
+Errors are raised as ``gateway.errors`` and rendered once, here, in the dialect of the request.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ class SimStats:
     context_exceeded: int = 0  # llama-server mode: requests failed by "Context size has been exceeded."
     waiting: int = 0  # requests waiting for a slot right now
     max_waiting: int = 0
+    queued: int = 0  # requests in Ollama's pending queue right now (OLLAMA_MAX_QUEUE bounds it)
+    scheduling: int = 0  # requests the scheduler has taken from that queue and is placing (waiting for memory)
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=256))
 
     def event(self, t_s: float, kind: str, **detail: Any) -> None:

@@ -167,16 +167,17 @@ class LlamaServerProber(_Prober):
     async def _get(self, path: str, max_age_s: float) -> Any:
         return await self._shared.run(path, lambda: self._call("GET", path), max_age_s=max_age_s)
 
-    async def profile(self) -> ModelProfile:
+    async def profile(self, *, fallback: ModelProfile | None = None) -> ModelProfile:
         """The served model's profile, from /props and /v1/models read at most ``RECENT_PROBE_S`` ago (a burst of
-        requests probes once)."""
+        requests probes once); ``fallback`` (else the one this prober was built with) supplies the shape when the
+        server's model file can't be read from here."""
         props_json, models_json = await asyncio.gather(
             self._get("/props", RECENT_PROBE_S), self._get("/v1/models", RECENT_PROBE_S)
         )
         try:
             props, meta = parse_props(props_json), parse_models(models_json)
             profile = profile_from_llama_server(
-                props, meta, await self._summary(props.model_path), fallback=self._fallback
+                props, meta, await self._summary(props.model_path), fallback=fallback or self._fallback
             )
         except (ProfileError, ValueError) as exc:
             raise ProfileUnderivable(f"llama-server at {self.client.label}: {exc}") from exc

@@ -36,20 +36,19 @@ class BackendProbes:
         if backend.kind is BackendKind.OLLAMA:
             return await self._ollama_prober(backend).profile(model)
         if backend.kind is BackendKind.LLAMA_SERVER:
-            return await self._llama_prober(backend, model).profile()
+            return await self._llama_prober(backend).profile(fallback=local_profile(model) if model else None)
         profile = local_profile(model)
         if profile is None:
             raise LookupError(f"{backend.describe()} is an OpenAI-style server that reports no model metadata, "
                               f"and {model!r} is not a preset or a GGUF path")
         return profile
 
-    def _llama_prober(self, backend: Backend, model: str | None = None) -> LlamaServerProber:
+    def _llama_prober(self, backend: Backend) -> LlamaServerProber:
         llama = self._llama.get(backend.name)
         if llama is None:
             settings = backend.settings
             llama = LlamaServerProber(
-                backend.client, gguf_path=settings.gguf_path,
-                fallback=local_profile(model) if model else None, configured_unified=settings.unified_kv,
+                backend.client, gguf_path=settings.gguf_path, configured_unified=settings.unified_kv,
                 configured_parallel=settings.parallel,
             )
             self._llama[backend.name] = llama

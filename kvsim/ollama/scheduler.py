@@ -101,6 +101,7 @@ class OllamaScheduler:
                 raise SimError(503, QUEUE_FULL)
             pending = _Pending(spec, opts, keep_alive_s, shift, asyncio.get_running_loop().create_future())
             self._pending.put_nowait(pending)
+            self.stats.queued = self._pending.qsize()
             try:
                 runner = await pending.future
             except asyncio.CancelledError:
@@ -157,8 +158,10 @@ class OllamaScheduler:
     async def _drain_pending(self) -> None:
         while True:
             pending = await self._pending.get()
+            self.stats.queued = self._pending.qsize()
             if pending.gone.is_set() or pending.future.done():
                 continue
+            self.stats.scheduling += 1
             try:
                 await self._schedule(pending)
             except SimError as exc:
@@ -168,6 +171,8 @@ class OllamaScheduler:
                 log.exception("simulator scheduler failed on %s", pending.spec.name)
                 if not pending.future.done():
                     pending.future.set_exception(SimError(500, f"simulator scheduler error: {exc}"))
+            finally:
+                self.stats.scheduling -= 1
 
     async def _schedule(self, pending: _Pending) -> None:
         while not (pending.gone.is_set() or pending.future.done()):

@@ -18,7 +18,7 @@ from gateway.fitting.trim import Trimmed, trim_history
 
 Message = dict[str, Any]
 SYSTEM_ROLES = ("system", "developer")
-EXAMPLES = 800
+EXAMPLES = 250
 
 
 @dataclass

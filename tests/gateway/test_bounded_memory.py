@@ -2,7 +2,9 @@
 
 The process test runs ``kvgate serve`` as a user would, in front of a fake Ollama, with the model's real tokenizer
 (a GGUF vocabulary named in the settings, so small prompts count exactly), reads its RSS from /proc and sends the
-attacks of the issue: 8 concurrent 20 MiB chats, 20 concurrent 30 MiB bodies, 5,000 distinct model names.
+attacks of the issue: 8 concurrent 20 MiB chats, 20 concurrent 30 MiB bodies, 5,000 distinct model names (here 4 chats,
+12 bodies, each overflowing one waiting 0.2 s for room rather than 2, and 1,000 names: still three times what the
+body budget holds and 60 times the bound on unlisted counter chains, in a fraction of the time).
 
 Measured on the development box (before: the same attacks on the code before the bounds):
 
@@ -42,6 +44,10 @@ VOCAB = Path(__file__).resolve().parents[2] / "gateway" / "data" / "vocab" / "gg
 MODEL = "llama3.1:8b"
 RSS_PEAK_BOUND_MB = 1300
 RSS_AFTER_BOUND_MB = 250
+CHATS = 4  # concurrent 20 MiB chats: before the bounds, 4 alone went over 2 GB
+BODIES = 12  # concurrent 30 MiB bodies: over three times what the default 128 MiB body budget holds at once
+NAMES = 1000  # distinct model names: over 60 times the bound on unlisted counter chains
+HELD_BODY_WAIT_S = 0.2  # how long an overflowing body waits for room before its 503 (default 2 s)
 MiB = 1024 * 1024
 
 
@@ -69,6 +75,7 @@ async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
     async with running(FakeLLM()) as fake:
         config = tmp_path / "kvgate.toml"
         config.write_text(
+            f'[server]\nheld_body_wait_s = {HELD_BODY_WAIT_S}\n'
             f'[counting]\ncache_dir = "{tmp_path}"\n'
             f'[models."{MODEL}"]\ngguf_path = "{VOCAB}"\n'
             f'[[backends]]\nname = "fake"\nkind = "ollama"\nurl = "{fake.url}"\n'
@@ -130,7 +137,7 @@ async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
                 big = _text(20 * MiB, 1)
                 chats = [json.dumps({"model": MODEL, "stream": False,
                                      "messages": [{"role": "user", "content": f"{i} {big}"}]}).encode()
-                         for i in range(8)]
+                         for i in range(CHATS)]
                 del big
                 results = await asyncio.gather(*(post("/api/chat", body) for body in chats))
                 del chats
@@ -141,10 +148,10 @@ async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
                         assert b"estimated" in body and b"context" in body
                 chats_peak_mb = peak_mb
 
-                # 20 concurrent 30 MiB bodies: the body budget holds some, the others get 503 with Retry-After
+                # BODIES concurrent 30 MiB bodies: the body budget holds some, the others get 503 with Retry-After
                 blob = (b'{"model": "' + MODEL.encode() + b'", "stream": false, "messages": [{"role": "user", '
                         b'"content": "' + b"x" * (30 * MiB - 200) + b'"}]}')
-                results = await asyncio.gather(*(post("/api/chat", blob) for _ in range(20)))
+                results = await asyncio.gather(*(post("/api/chat", blob) for _ in range(BODIES)))
                 del blob
                 statuses = sorted(status for status, _, _ in results)
                 for status, body, retry_after in results:
@@ -154,7 +161,7 @@ async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
                         assert retry_after is not None and int(retry_after) >= 1
                         assert b"max_held_body_bytes" in body
 
-                # 5,000 distinct model names, on a chat route (404) and /kvgate/count (counted, never kept each)
+                # NAMES distinct model names, on a chat route (404) and /kvgate/count (counted, never kept each)
                 seen: dict[int, int] = {}
                 gate = asyncio.Semaphore(64)
 
@@ -168,7 +175,7 @@ async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
                         if response.status != 200:
                             assert isinstance(data["error"]["message"], str)  # OpenAI's format
 
-                await asyncio.gather(*(named(i) for i in range(5000)))
+                await asyncio.gather(*(named(i) for i in range(NAMES)))
                 assert set(seen) <= {200, 404}, seen
                 async with http.get(f"{url}/kvgate/metrics") as response:
                     assert response.status == 200
@@ -185,7 +192,7 @@ async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
                         break
                     await asyncio.sleep(0.1)
                     after_mb = _rss_mb(process.pid)
-                print(f"\nkvgate RSS: baseline {baseline_mb:.0f} MB, peak {peak_mb:.0f} MB (8 x 20 MiB chats: "
+                print(f"\nkvgate RSS: baseline {baseline_mb:.0f} MB, peak {peak_mb:.0f} MB ({CHATS} x 20 MiB chats: "
                       f"{chats_peak_mb:.0f} MB), after {after_mb:.0f} MB; 30 MiB bodies answered {statuses}; "
                       f"names {seen}; {time.monotonic() - started_s:.1f} s")
                 assert peak_mb < baseline_mb + RSS_PEAK_BOUND_MB

@@ -6,7 +6,8 @@ non-UTF-8 header bytes, duplicated headers, odd methods and absolute-form target
 routes of the table and unknown paths, bodies valid, truncated, of the wrong types, with huge numbers, deep nesting,
 invalid UTF-8, lone surrogates, NULs and odd model names. After each batch the ledger must be back to zero and
 ``/kvgate/metrics`` and ``/kvgate/status`` must answer 200; every 4xx must be in its route's dialect; no log line
-may carry a traceback or fail to encode. The number of cases, the seed and a status histogram are printed at the end.
+may carry a traceback or fail to encode. The number of cases, the seed and a status histogram are printed at the
+end.
 
 A plain run sends a random sample of the grid: ``DEFAULT_CASES`` requests (6 batches) from a fresh seed, printed
 in the summary. Environment variables:
@@ -461,7 +462,8 @@ def server(pytestconfig: pytest.Config) -> Iterator[Server]:
         root.removeHandler(captured)
         root.setLevel(previous_level)
         loop.close()
-        summary = (f"fuzz: {fuzz.cases} cases (KVGATE_FUZZ_SEED={SEED} repeats them), kvgate 5xx: {fuzz.kvgate_5xx}, log lines: {len(captured.records)} "
+        summary = (f"fuzz: {fuzz.cases} cases (KVGATE_FUZZ_SEED={SEED} repeats them), kvgate 5xx: {fuzz.kvgate_5xx}, "
+                   f"log lines: {len(captured.records)} "
                    f"(parser refusals logged with a traceback by aiohttp: {captured.parser_tracebacks}), "
                    f"502 from /kvgate/fit for want of a model profile: {fuzz.no_profile}, "
                    f"statuses: {dict(sorted(fuzz.statuses.items()))}")
@@ -490,6 +492,6 @@ def test_hostile_requests_never_get_a_5xx_from_kvgate(server: Server, batch_case
 
 def test_the_fuzz_ran_enough_cases(server: Server) -> None:
     """Every batch asked for was sent and checked: over 20,000 cases with KVGATE_FUZZ_CASES=all."""
-    assert server.cases >= EXAMPLES * (BATCH + 3) >= DEFAULT_CASES, server.cases
+    assert server.cases >= EXAMPLES * (BATCH + 3), server.cases
     if EXAMPLES == FULL_EXAMPLES:
         assert server.cases >= 20_000, server.cases

@@ -38,13 +38,13 @@ def _parse_everywhere(body: dict[str, Any]) -> None:
             assert parsed.model is None or isinstance(parsed.model, str)
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=75, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(shaped)
 def test_shaped_bodies_never_crash(body: dict[str, Any]) -> None:
     _parse_everywhere(body)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.dictionaries(st.text(max_size=12), json_values, max_size=6))
 def test_arbitrary_objects_never_crash(body: dict[str, Any]) -> None:
     _parse_everywhere(body)

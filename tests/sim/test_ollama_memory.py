@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -14,16 +12,10 @@ from gateway.memory.kv import ollama_kv_cache_bytes
 from kvsim.catalog import CATALOG
 from kvsim.gpu.load_cost import compute_bytes
 from tests.sim.helpers import GIB, chat_body, fast, gateway_shape, get, post, sim_session
+from tests.support.poll import until
 
 LLAMA = CATALOG["llama3.1:8b"]
 MIB = 2**20
-
-
-async def wait_for(check: Callable[[], Awaitable[bool]], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 def expected_bytes(num_ctx: int, num_batch: int, num_parallel: int = 1) -> int:
@@ -119,7 +111,7 @@ async def test_keep_alive_semantics() -> None:
         async def gone() -> bool:
             return bool((await get(s, "/api/ps"))[1] == {"models": []})
 
-        await wait_for(gone)
+        await until(gone)
         assert (await stats(s))["events"][-1]["reason"] == "keep_alive elapsed"
 
 
@@ -139,9 +131,14 @@ async def test_pending_queue_full_is_503() -> None:
         async with s.post("/api/chat", json={**chat_body(), "stream": True}) as busy:
             await busy.content.readline()  # llama is now generating for a while
             pending = asyncio.ensure_future(post(s, "/api/chat", {**chat_body(), "model": "qwen2.5:7b"}))
-            await asyncio.sleep(0.05)  # the scheduler holds it, waiting for llama to go idle
+
+            async def scheduler_holds(queued: int) -> bool:
+                now = await stats(s)
+                return bool(now["scheduling"] == 1 and now["queued"] == queued)
+
+            await until(lambda: scheduler_holds(0))  # the scheduler holds it, waiting for llama to go idle
             queued = asyncio.ensure_future(post(s, "/api/embed", {"model": "nomic-embed-text", "input": "x"}))
-            await asyncio.sleep(0.05)
+            await until(lambda: scheduler_holds(1))  # the embed waits in the pending queue, which is now full
             status, body = await post(s, "/api/chat", {**chat_body(), "model": "qwen2.5:7b"})
             assert (status, body) == (
                 503,
@@ -169,7 +166,7 @@ async def test_runtime_oom_ends_streams_with_ollamas_error() -> None:
         async def expired() -> bool:
             return bool((await get(s, "/api/ps"))[1] == {"models": []})
 
-        await wait_for(expired)  # every runner is expired after a runtime OOM
+        await until(expired)  # every runner is expired after a runtime OOM
         assert (await post(s, "/api/chat", chat_body(options={"num_predict": 2})))[0] == 200
         # the trainer still holds the GPU: the automatic 32768 context failed to load and 4096 was retried
         assert (await get(s, "/api/ps"))[1]["models"][0]["context_length"] == 4096
@@ -241,7 +238,7 @@ async def test_a_load_is_aborted_when_its_client_leaves() -> None:
         async def aborted() -> bool:
             return any(e.get("reason", "").startswith("load aborted") for e in (await stats(s))["events"])
 
-        await wait_for(aborted)
+        await until(aborted)
         assert (await get(s, "/api/ps"))[1] == {"models": []}
 
 
@@ -259,5 +256,5 @@ async def test_a_waiting_request_is_dropped_when_its_client_leaves() -> None:
             st = await stats(s)
             return bool(st["waiting"] == 0 and st["loaded"][0]["ref_count"] == 1)
 
-        await wait_for(dropped)
+        await until(dropped)
         assert (await stats(s))["max_waiting"] == 1

@@ -23,7 +23,7 @@ from gateway.tokens.sources import GGUFFileSource, OllamaShowSource, TokenizerJs
 from gateway.tokens.tiktoken_counter import EncodingSpec, TiktokenCounter
 from gateway.tokens.tokenizer_counter import TokenizerCounter
 from tests.support.fake_backend import FakeLLM, OllamaModels, running, serve
-from tests.tokens.vocab_vectors import shared_tokenizer, vocab_path
+from tests.tokens.vocab_vectors import SESSION_CACHE_DIR, shared_tokenizer, vocab_path
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there, how are you?"}]
 
@@ -31,6 +31,11 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 def _json_meta(vocab: str) -> dict[str, Any]:
     loaded: dict[str, Any] = orjson.loads(orjson.dumps(read_gguf_tokenizer_metadata(vocab_path(vocab))))
     return loaded
+
+
+def _gguf(vocab: str) -> GGUFFileSource:
+    """A GGUF source sharing this run's tokenizer cache: each vocabulary is converted once per run."""
+    return GGUFFileSource(vocab_path(vocab), cache_dir=SESSION_CACHE_DIR)
 
 
 def _ollama(model: str, digest: str, model_info: dict[str, Any]) -> FakeLLM:
@@ -89,7 +94,7 @@ async def test_llama_server_counter_counts_invalid_utf8_by_bytes() -> None:
 
 
 async def test_gguf_counter_template_mode_is_exact() -> None:
-    counter = TokenizerCounter(GGUFFileSource(vocab_path("llama-bpe")), model="llama3", template="llama3")
+    counter = TokenizerCounter(_gguf("llama-bpe"), model="llama3", template="llama3")
     counted = await counter.count_chat(CHAT)
     # BOS + per message: header (4 tokens) + content + <|eot_id|>; then the generation header (4)
     assert counted.exact and counted.counter == "gguf"
@@ -98,7 +103,7 @@ async def test_gguf_counter_template_mode_is_exact() -> None:
 
 async def test_gguf_counter_content_mode_learns_overhead() -> None:
     overhead = OverheadEstimator(default_per_message_tokens=10, default_per_request_tokens=64)
-    counter = TokenizerCounter(GGUFFileSource(vocab_path("llama-bpe")), model="m", overhead=overhead)
+    counter = TokenizerCounter(_gguf("llama-bpe"), model="m", overhead=overhead)
     content = await counter.content_tokens(CHAT)
     first = await counter.count_chat(CHAT)
     assert first == TokenCount(content + 1 + 2 * 10 + 64, "gguf", exact=False)
@@ -113,7 +118,7 @@ async def test_gguf_counter_content_mode_learns_overhead() -> None:
 
 
 async def test_content_mode_counts_tools_images_and_tool_calls() -> None:
-    counter = TokenizerCounter(GGUFFileSource(vocab_path("gpt-2")), model="m", image_tokens=768)
+    counter = TokenizerCounter(_gguf("gpt-2"), model="m", image_tokens=768)
     plain = await counter.content_tokens([{"role": "user", "content": "hi"}])
     with_image = await counter.content_tokens([{"role": "user", "content": "hi", "images": ["aGk="]}])
     assert with_image - plain == 768
@@ -124,14 +129,14 @@ async def test_content_mode_counts_tools_images_and_tool_calls() -> None:
 
 
 async def test_invalid_utf8_text_is_counted_by_bytes_not_raised() -> None:
-    counter = TokenizerCounter(GGUFFileSource(vocab_path("gpt-2")), model="m")
+    counter = TokenizerCounter(_gguf("gpt-2"), model="m")
     assert await counter.count_text(b"ok \xc3\x28 broken") == TokenCount(12, "gguf/bytes", exact=False)
     assert (await counter.count_text("lone \ud800 surrogate")).exact is False
     assert (await counter.count_chat([{"role": "user", "content": "x \udfff y"}])).tokens > 0
 
 
 async def test_message_cache_makes_next_turn_count_only_new_messages() -> None:
-    counter = TokenizerCounter(GGUFFileSource(vocab_path("llama-bpe")), model="m", template="llama3")
+    counter = TokenizerCounter(_gguf("llama-bpe"), model="m", template="llama3")
     engine = await counter.engine()
     chat = [{"role": "user", "content": f"message number {i}"} for i in range(20)]
     await counter.count_chat(chat)
@@ -263,7 +268,7 @@ async def test_chain_uses_the_first_available_and_raises_when_none_is() -> None:
 
 async def test_chain_calibrates_learning_counters() -> None:
     overhead = OverheadEstimator(default_per_message_tokens=50, default_per_request_tokens=500)
-    gguf = TokenizerCounter(GGUFFileSource(vocab_path("gpt-2")), model="m", overhead=overhead)
+    gguf = TokenizerCounter(_gguf("gpt-2"), model="m", overhead=overhead)
     chain = CounterChain("m", [_Down(), gguf, EstimateCounter()])
     before = await chain.count_chat(CHAT)
     content = await gguf.content_tokens(CHAT)

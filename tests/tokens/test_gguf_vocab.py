@@ -16,7 +16,7 @@ from gateway.tokens.gguf_vocab import (
     tokenizer_from_gguf_metadata,
 )
 from gateway.tokens.tokenizer_cache import TokenizerCache
-from tests.tokens.vocab_vectors import shared_tokenizer, vector_tokenizer, vocab_path
+from tests.tokens.vocab_vectors import SESSION_CACHE_DIR, shared_tokenizer, vector_tokenizer, vocab_path
 
 
 def test_tokenizer_metadata_keeps_tokenizer_and_general_keys() -> None:
@@ -81,7 +81,7 @@ def test_ollama_model_info_json_round_trip() -> None:
 
 
 def test_special_tokens_are_parsed_unless_disabled() -> None:
-    tokenizer = load_gguf_tokenizer(vocab_path("llama-bpe"))
+    tokenizer = load_gguf_tokenizer(vocab_path("llama-bpe"), cache_dir=SESSION_CACHE_DIR)  # a new object: mutable
     text = "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
     assert tokenizer.encode(text, add_special_tokens=False).ids == [128006, 882, 128007, 271, 13347, 128009]
     tokenizer.encode_special_tokens = True

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +15,11 @@ from gateway.tokens.gguf_vocab import load_gguf_tokenizer
 
 VOCAB_DIR = Path(__file__).resolve().parents[2] / "gateway" / "data" / "vocab"
 _SEPARATOR = "\n__ggml_vocab_test__\n"
+
+SESSION_CACHE_DIR = Path(tempfile.mkdtemp(prefix="kvgate-test-tokenizers-"))
+"""A tokenizer cache for this test run only: each vocabulary is converted once per run (gemma-4 takes seconds),
+then loaded from its tokenizer.json by every test that builds it again, through kvgate's own cache."""
+atexit.register(shutil.rmtree, SESSION_CACHE_DIR, ignore_errors=True)
 
 # Filled by test_vocab_vectors, printed by conftest.pytest_terminal_summary.
 VECTOR_RESULTS: dict[str, list[bool]] = {}
@@ -46,12 +54,12 @@ def read_cases(vocab: str) -> list[VocabCase]:
 @functools.cache
 def shared_tokenizer(vocab: str) -> tokenizers.Tokenizer:
     """The converted tokenizer with special-token parsing on (llama-server's chat path); shared: do not mutate."""
-    return load_gguf_tokenizer(vocab_path(vocab))
+    return load_gguf_tokenizer(vocab_path(vocab), cache_dir=SESSION_CACHE_DIR)
 
 
 @functools.cache
 def vector_tokenizer(vocab: str) -> tokenizers.Tokenizer:
     """The converted tokenizer with special-token parsing off, as the vectors were made (parse_special=false)."""
-    tokenizer = load_gguf_tokenizer(vocab_path(vocab))
+    tokenizer = load_gguf_tokenizer(vocab_path(vocab), cache_dir=SESSION_CACHE_DIR)
     tokenizer.encode_special_tokens = True
     return tokenizer
