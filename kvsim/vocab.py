@@ -34,7 +34,8 @@ from typing import Protocol
 
 import tokenizers
 
-from gateway.tokens.gguf_vocab import load_gguf_tokenizer, read_gguf_tokenizer_metadata
+from gateway.gguf import read_gguf_metadata
+from gateway.tokens.gguf_vocab import tokenizer_from_gguf_metadata
 from kvsim.catalog import ModelSpec
 
 VOCAB_DIR = Path(str(importlib.resources.files("gateway"))) / "data" / "vocab"
@@ -198,7 +199,8 @@ def tokenizer_for(spec: ModelSpec) -> SimTokenizer:
 def _build(spec: ModelSpec) -> SimTokenizer:
     if spec.vocab is not None:
         path = VOCAB_DIR / f"ggml-vocab-{spec.vocab}.gguf"
-        name = str(read_gguf_tokenizer_metadata(path).get("general.name") or "")
-        return RealTokenizer(load_gguf_tokenizer(path), bos_id=spec.bos_id, add_bos=spec.add_bos,
-                             rstrip_special=phi3_rstrip(name))
+        meta = read_gguf_metadata(path).values  # read once: the name and the tokenizer
+        tokenizer = tokenizer_from_gguf_metadata(meta, model_name=str(path))
+        name = str(meta.get("general.name") or "")
+        return RealTokenizer(tokenizer, bos_id=spec.bos_id, add_bos=spec.add_bos, rstrip_special=phi3_rstrip(name))
     return StandInTokenizer(vocab_size=spec.arch.n_vocab, bos_id=spec.bos_id, add_bos=spec.add_bos)

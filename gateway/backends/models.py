@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.backends.client import name_candidates
 from gateway.domain import BackendKind
 
 
@@ -27,7 +28,7 @@ def model_names(kind: BackendKind, listing: dict[str, Any]) -> frozenset[str]:
             names.add(entry["id"])
             names.update(alias for alias in entry.get("aliases") or [] if isinstance(alias, str))
     if kind is BackendKind.OLLAMA:
-        names.update(name.removesuffix(":latest") for name in list(names) if name.endswith(":latest"))
+        names.update(spelling for name in list(names) for spelling in name_candidates(name))
     return frozenset(names)
 
 

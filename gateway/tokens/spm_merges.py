@@ -13,12 +13,13 @@ from collections.abc import Sequence
 from gateway.tokens.vocab_attrs import Attr
 
 
-def spm_merges(tokens: Sequence[str], scores: Sequence[float], attrs: Sequence[Attr]) -> list[tuple[str, str]]:
+def spm_merges(tokens: Sequence[str], scores: Sequence[float], attrs: Sequence[int]) -> list[tuple[str, str]]:
     """Merges ordered from the highest-scoring result piece to the lowest."""
     vocab = set(tokens)
+    normal = int(Attr.NORMAL)
     ranked: list[tuple[float, int, int, str, str]] = []
     for token_id, piece in enumerate(tokens):
-        if not attrs[token_id] & Attr.NORMAL or len(piece) < 2:
+        if not attrs[token_id] & normal or len(piece) < 2:
             continue
         score = float(scores[token_id])
         for cut in range(1, len(piece)):

@@ -43,13 +43,14 @@ class TokenizerCache:
             log.warning("ignoring unreadable cached tokenizer %s: %s", path, exc)
             return None
 
-    def store(self, key: str, tokenizer_json: str) -> Path:
+    def store(self, key: str, tokenizer_json: str | bytes) -> Path:
         path = self.path_for(key)
         self.directory.mkdir(parents=True, exist_ok=True)
+        data = tokenizer_json.encode() if isinstance(tokenizer_json, str) else tokenizer_json
         fd, tmp_name = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(tokenizer_json)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
             os.replace(tmp_name, path)
         except BaseException:
             Path(tmp_name).unlink(missing_ok=True)
@@ -62,8 +63,12 @@ class TokenizerCache:
             return cached
         text = build_json()
         tokenizer = tokenizers.Tokenizer.from_str(text)
-        try:
-            self.store(key, text)
-        except OSError as exc:  # a read-only cache still gives a working tokenizer
-            log.warning("cannot write tokenizer cache %s: %s", self.path_for(key), exc)
+        self.store_or_warn(key, text)
         return tokenizer
+
+    def store_or_warn(self, key: str, tokenizer_json: str | bytes) -> None:
+        """`store`, where a cache that cannot be written only logs: the caller has a working tokenizer anyway."""
+        try:
+            self.store(key, tokenizer_json)
+        except OSError as exc:
+            log.warning("cannot write tokenizer cache %s: %s", self.path_for(key), exc)

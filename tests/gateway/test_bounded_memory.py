@@ -39,8 +39,9 @@ from gateway.errors import BadRequest, PayloadTooLarge, ServerBusy, UnsupportedM
 from gateway.headers import upstream_request_headers
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
+from tests.tokens.vocab_vectors import vocab_path, warmed_cache_dir
 
-VOCAB = Path(__file__).resolve().parents[2] / "gateway" / "data" / "vocab" / "ggml-vocab-llama-bpe.gguf"
+VOCAB = vocab_path("llama-bpe")
 MODEL = "llama3.1:8b"
 RSS_PEAK_BOUND_MB = 1300
 RSS_AFTER_BOUND_MB = 250
@@ -76,7 +77,7 @@ async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
         config = tmp_path / "kvgate.toml"
         config.write_text(
             f'[server]\nheld_body_wait_s = {HELD_BODY_WAIT_S}\n'
-            f'[counting]\ncache_dir = "{tmp_path}"\n'
+            f'[counting]\ncache_dir = "{warmed_cache_dir("llama-bpe")}"\n'  # memory, not conversion, is tested
             f'[models."{MODEL}"]\ngguf_path = "{VOCAB}"\n'
             f'[[backends]]\nname = "fake"\nkind = "ollama"\nurl = "{fake.url}"\n'
         )
@@ -114,7 +115,7 @@ async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
             async with aiohttp.ClientSession(timeout=timeout) as http:
                 small = {"model": MODEL, "stream": False, "messages": [{"role": "user", "content": "Hello there"}]}
                 counter = ""
-                for _ in range(100):  # the tokenizer is built from the GGUF meanwhile
+                for _ in range(100):  # the tokenizer is loaded (from the warmed cache) meanwhile
                     async with http.post(f"{url}/api/chat", json=small) as response:
                         assert response.status == 200
                         counter = response.headers["X-Kvgate-Counter"]
@@ -341,11 +342,12 @@ async def test_held_bodies_are_bounded_across_requests() -> None:
             assert response.status == 200
 
 
-async def test_a_prompt_over_the_exact_count_bound_is_estimated_and_admitted(tmp_path: Path) -> None:
+async def test_a_prompt_over_the_exact_count_bound_is_estimated_and_admitted() -> None:
     async with running(FakeLLM()) as fake, \
             running_gateway([{"name": "f", "kind": "ollama", "url": fake.url}],
                             models={MODEL: {"gguf_path": str(VOCAB)}},
-                            counting={"cache_dir": str(tmp_path), "exact_count_max_bytes": 4096}) as url, \
+                            counting={"cache_dir": str(warmed_cache_dir("llama-bpe")),
+                                      "exact_count_max_bytes": 4096}) as url, \
             aiohttp.ClientSession() as http:
         small = {"model": MODEL, "stream": False, "messages": [{"role": "user", "content": "Hello there"}]}
         counter = ""

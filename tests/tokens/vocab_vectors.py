@@ -52,6 +52,17 @@ def read_cases(vocab: str) -> list[VocabCase]:
 
 
 @functools.cache
+def warmed_cache_dir(vocab: str) -> Path:
+    """SESSION_CACHE_DIR with `vocab` converted in it, for tests that start kvgate but are not about converting.
+
+    A kvgate configured with `counting.cache_dir` here and the vocabulary's GGUF loads the cached tokenizer.json
+    (the key is the GGUF's key/value digest) instead of converting it again in every such test.
+    """
+    load_gguf_tokenizer(vocab_path(vocab), cache_dir=SESSION_CACHE_DIR)
+    return SESSION_CACHE_DIR
+
+
+@functools.cache
 def shared_tokenizer(vocab: str) -> tokenizers.Tokenizer:
     """The converted tokenizer with special-token parsing on (llama-server's chat path); shared: do not mutate."""
     return load_gguf_tokenizer(vocab_path(vocab), cache_dir=SESSION_CACHE_DIR)
