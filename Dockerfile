@@ -11,6 +11,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /opt/kvgate
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
+COPY kvsim ./kvsim
 RUN pip install . \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin kvgate \
     && mkdir -p /var/cache/kvgate \
