@@ -18,6 +18,7 @@ from gateway.admission import (
 )
 from gateway.domain import BackendKind
 from tests.support.clock import FakeClock
+from tests.support.poll import until
 
 ONE_SLOT = PoolSpec.split_pool("gpu0", "llama3.1:8b", BackendKind.OLLAMA, slot_ctx_tokens=8192, slots=1)
 SHARED = PoolSpec.unified_pool("gpu1", "qwen2.5:7b", pool_tokens=10_000, slots=8)
@@ -189,7 +190,7 @@ async def test_a_disconnected_client_is_dropped_while_waiting() -> None:
     await admit(room, ONE_SLOT, cost())
     gone = False
     task = asyncio.create_task(room.acquire(ONE_SLOT.key, ONE_SLOT, cost(), POLICY, is_disconnected=lambda: gone))
-    await asyncio.sleep(0.03)
+    await until(lambda: room.stats()[ONE_SLOT.key].queued == 1)
     assert not task.done()
     gone = True
     with pytest.raises(AdmissionRejected) as caught:

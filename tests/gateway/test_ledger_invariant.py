@@ -28,6 +28,7 @@ from kvsim.config import SimConfig
 from kvsim.runner import start_sim
 from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
+from tests.support.poll import until
 
 LLAMA_SIM = SimConfig(mode="llama-server", ctx_size=2048, n_parallel=-1, load_s=0.0, time_scale=50.0,
                       min_response_tokens=4, max_response_tokens=8, gen_tokens_per_s=2000.0)
@@ -76,6 +77,19 @@ async def test_the_backend_is_always_told_the_reserved_limit(
     assert prompt + sent == reserved  # the backend may generate exactly what was reserved, no more
     assert reserved <= 2048
 
+
+
+async def _queued(http: aiohttp.ClientSession, url: str, expected: int) -> bool:
+    """Whether kvgate's status page shows ``expected`` requests waiting, across its pools."""
+    async with http.get(f"{url}/kvgate/status") as response:
+        pools = (await response.json())["pools"]
+    return sum(pool["queued"] for pool in pools) == expected
+
+
+async def _notes(http: aiohttp.ClientSession, url: str) -> list[str]:
+    async with http.get(f"{url}/kvgate/status") as response:
+        notes: list[str] = (await response.json())["backends"][0]["notes"]
+    return notes
 
 async def test_made_up_names_share_the_servers_one_pool(llama_sim: str) -> None:
     tenants = {"solo": {"api_keys": ["solo-key"], "max_active": 1}}
@@ -139,11 +153,7 @@ async def test_a_backend_down_for_a_probe_is_waited_for_not_forwarded_unaccounte
         await runner.setup()
         await web.TCPSite(runner, host, int(port)).start()
         try:
-            for _ in range(100):
-                await asyncio.sleep(0.05)
-                if len([s for s in fake.seen if s.path_qs == "/completion"]) >= 4:
-                    break
-            await asyncio.sleep(0.3)
+            await until(lambda: _queued(http, url, 16))  # all 20 accounted for: 16 wait in kvgate, 4 went on
             reached = [s for s in fake.seen if s.path_qs == "/completion"]
             assert len(reached) == 4  # the 4 slots /props reports, no more: the other 16 wait in kvgate
             fake.script.release.set()
@@ -164,11 +174,7 @@ async def test_openai_backends_are_admitted_when_their_layout_is_configured() ->
             body = {"model": "llama3.1:8b", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
             requests = [asyncio.ensure_future(_post_text(http, f"{url}/v1/chat/completions", body))
                         for _ in range(4)]
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                if len([s for s in fake.seen if s.path_qs == "/v1/chat/completions"]) >= 2:
-                    break
-            await asyncio.sleep(0.2)
+            await until(lambda: _queued(http, url, 2))  # two wait in kvgate, so two went on
             assert len([s for s in fake.seen if s.path_qs == "/v1/chat/completions"]) == 2  # parallel = 2
             fake.script.release.set()
             results = await asyncio.gather(*requests)
@@ -256,9 +262,7 @@ async def test_a_configured_context_that_disagrees_with_the_loaded_one_is_report
         async with aiohttp.ClientSession() as http:
             await _post(http, f"{sim}/api/generate", {"model": "llama3.1:8b", "stream": False})  # loaded at 32K
             async with running_gateway([backend]) as url:
-                await asyncio.sleep(0.3)
-                async with http.get(f"{url}/kvgate/status") as response:
-                    notes = (await response.json())["backends"][0]["notes"]
+                notes = await until(lambda: _notes(http, url))  # the start-up check runs beside start-up
                 for path, body in ALTERNATING:
                     status, payload, _ = await _post(http, url + path, {"model": "llama3.1:8b", **body})
                     assert status == 200, (path, payload)
