@@ -14,10 +14,13 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator
-from typing import Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 from gateway.app import create_app, start_server
 from gateway.config import load_settings
+
+if TYPE_CHECKING:
+    from kvsim.config import SimConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +64,9 @@ class _Progress:
         self._out.flush()
 
 
-async def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
+async def run(args: argparse.Namespace, *, out: TextIO | None = None, sim_config: SimConfig | None = None) -> int:
+    """The demo; ``sim_config`` replaces the simulator's (default ``kvsim.workload.workload.demo_sim_config()``),
+    e.g. a faster time scale or a ``tokenizer_cache_dir`` in tests."""
     from kvsim.workload import demo
     from kvsim.workload.workload_report import render_comparison, render_outcomes
 
@@ -69,7 +74,9 @@ async def run(args: argparse.Namespace, *, out: TextIO | None = None) -> int:
     logging.getLogger().setLevel(logging.ERROR)
     out.write("kvgate demo: an Ollama on a simulated 24 GiB GPU (OLLAMA_NUM_PARALLEL=2), six users, three phases\n"
               "legend: . completed  t trimmed (announced)  T silently truncated  X failed  w still waiting\n")
-    direct, gated = await demo.compare(_kvgate_in_front, progress=_Progress(out), timeout_s=args.timeout)
+    direct, gated = await demo.compare(
+        _kvgate_in_front, config=sim_config, progress=_Progress(out), timeout_s=args.timeout
+    )
     out.write("\n" + render_comparison(direct, gated) + "\n")
     if args.details:
         out.write(f"\n{direct.name}:\n{render_outcomes(direct)}\n\n{gated.name}:\n{render_outcomes(gated)}\n")

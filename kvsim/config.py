@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from kvsim.catalog import DEFAULT_MODELS
@@ -46,6 +47,9 @@ class SimConfig:
     n_parallel: int = -1  # -1 = auto: 4 slots on a unified pool
     kv_unified: bool | None = None  # None = unified exactly when n_parallel is auto
     version: str | None = None  # /api/version; default per era
+    # converted tokenizers (tokenizer.json, kvgate's cache format and keys) are kept and reused here; None = convert
+    # in memory, once per process
+    tokenizer_cache_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.gpu_bytes or min(self.gpu_bytes) <= 0:

@@ -185,22 +185,35 @@ _cache: dict[tuple[str, bool], SimTokenizer] = {}
 _lock = threading.Lock()
 
 
-def tokenizer_for(spec: ModelSpec) -> SimTokenizer:
-    """The model's tokenizer, built once per process (converting a vocabulary takes about a second)."""
+def tokenizer_for(spec: ModelSpec, *, cache_dir: Path | None = None) -> SimTokenizer:
+    """The model's tokenizer, built once per process (converting a vocabulary takes about a second).
+
+    With ``cache_dir`` (``SimConfig.tokenizer_cache_dir``) the converted tokenizer.json is kept there under kvgate's
+    key for the GGUF file (``gguf-{key/value digest}``, as ``load_gguf_tokenizer`` stores it), and a later build in
+    another process loads it instead of converting again. Where it was built from does not change the tokenizer, so
+    the in-process cache ignores it."""
     key = (spec.vocab or f"stand-in:{spec.arch.n_vocab}:{spec.bos_id}", spec.add_bos)
     with _lock:
         found = _cache.get(key)
         if found is None:
-            found = _build(spec)
+            found = _build(spec, cache_dir)
             _cache[key] = found
         return found
 
 
-def _build(spec: ModelSpec) -> SimTokenizer:
+def vocab_path(vocab: str) -> Path:
+    """The shipped vocabulary file of ``ModelSpec.vocab``."""
+    return VOCAB_DIR / f"ggml-vocab-{vocab}.gguf"
+
+
+def _build(spec: ModelSpec, cache_dir: Path | None) -> SimTokenizer:
     if spec.vocab is not None:
-        path = VOCAB_DIR / f"ggml-vocab-{spec.vocab}.gguf"
-        meta = read_gguf_metadata(path).values  # read once: the name and the tokenizer
-        tokenizer = tokenizer_from_gguf_metadata(meta, model_name=str(path))
+        path = vocab_path(spec.vocab)
+        parsed = read_gguf_metadata(path)  # read once: the name and the tokenizer
+        meta = parsed.values
+        tokenizer = tokenizer_from_gguf_metadata(
+            meta, model_name=str(path), cache_dir=cache_dir, cache_key=f"gguf-{parsed.kv_digest}"
+        )
         name = str(meta.get("general.name") or "")
         return RealTokenizer(tokenizer, bos_id=spec.bos_id, add_bos=spec.add_bos, rstrip_special=phi3_rstrip(name))
     return StandInTokenizer(vocab_size=spec.arch.n_vocab, bos_id=spec.bos_id, add_bos=spec.add_bos)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -15,7 +17,7 @@ from kvsim.ollama import gojson
 from kvsim.ollama.go_templates import GO_TEMPLATES
 from kvsim.ollama.ollama_requests import get
 from kvsim.state import SIM_STATE
-from kvsim.vocab import VOCAB_DIR
+from kvsim.vocab import vocab_path
 from kvsim.wire import json_response
 
 MODIFIED_AT = datetime(2025, 1, 1, tzinfo=UTC)
@@ -73,7 +75,14 @@ def _verbose_arrays(spec: ModelSpec) -> dict[str, list[Any]]:
     """The tokenizer arrays ``verbose: true`` returns (read from the shipped vocabulary)."""
     if spec.vocab is None:
         return {}
-    values = read_gguf_metadata(VOCAB_DIR / f"ggml-vocab-{spec.vocab}.gguf").values
+    return _vocab_arrays(vocab_path(spec.vocab))
+
+
+@functools.lru_cache(maxsize=8)
+def _vocab_arrays(path: Path) -> dict[str, list[Any]]:
+    """The tokenizer arrays of one vocabulary file, read once per process (reading llama-bpe's takes about 0.25 s,
+    on the event loop). Shared by every reply: never mutate it."""
+    values = read_gguf_metadata(path).values
     return {key: list(values[key]) for key in _ARRAY_KEYS if key in values}
 
 

@@ -81,7 +81,7 @@ class OllamaService:
     async def warm_up(self) -> None:
         """Convert the models' vocabularies before the first request (about a second each)."""
         for spec in self.models.values():
-            await asyncio.to_thread(tokenizer_for, spec)
+            await asyncio.to_thread(tokenizer_for, spec, cache_dir=self.config.tokenizer_cache_dir)
 
     def options(self, spec: ModelSpec, raw: Mapping[str, Any] | None) -> Options:
         modelfile = {"num_ctx": spec.num_ctx_param} if spec.num_ctx_param else {}
@@ -126,7 +126,7 @@ class OllamaService:
         runner = await self.scheduler.acquire(inf.spec, opts, inf.keep_alive_s, shift)
         try:
             load_s = self.clock.now() - start
-            tokenizer = tokenizer_for(inf.spec)
+            tokenizer = tokenizer_for(inf.spec, cache_dir=self.config.tokenizer_cache_dir)
             tokens, dropped = self._prompt_tokens(inf, runner, tokenizer.encode)
             await self._take_slot(runner)
             try:
@@ -166,7 +166,7 @@ class OllamaService:
             load_s = self.clock.now() - start
             if not inputs:
                 return [], 0, load_s
-            tokenizer = tokenizer_for(spec)
+            tokenizer = tokenizer_for(spec, cache_dir=self.config.tokenizer_cache_dir)
             limit = min(opts.runner.num_ctx, spec.n_ctx_train) - 1  # minus the EOS the runner appends
             counts = []
             for text in inputs:
@@ -202,7 +202,7 @@ class OllamaService:
             return list(encode(inf.raw_prompt)), 0
         rendered = chat_prompt(
             spec.template,
-            tokenizer_for(spec),
+            tokenizer_for(spec, cache_dir=self.config.tokenizer_cache_dir),
             inf.messages,
             num_ctx=runner.num_ctx,
             truncate=inf.truncate,

@@ -1,7 +1,8 @@
 """`kvgate demo`: the same workload straight at the simulator and through kvgate; kvgate prevents the failures.
 
 The demo's simulator runs 4x simulated time; here 50 times faster still (``DEMO_SPEEDUP``): the same workload, the same
-outcomes and the same table in a fraction of the time (what is left is mostly loading two tokenizers).
+outcomes and the same table in a fraction of the time (what is left is mostly kvgate loading two tokenizers). The
+simulator's tokenizers are built in the fixture, through the run's shared tokenizer cache.
 """
 
 from __future__ import annotations
@@ -14,20 +15,23 @@ import pytest
 from gateway.cli import build_parser
 from gateway.demo_cli import run
 from kvsim.config import SimConfig
-from kvsim.workload import demo, workload
+from kvsim.workload import workload
+from tests.tokens.vocab_vectors import warm_sim_tokenizers
 
 DEMO_SPEEDUP = 50.0
 
 
-def _faster() -> SimConfig:
+@pytest.fixture
+def faster() -> SimConfig:
+    """The demo's simulator, DEMO_SPEEDUP times faster, its tokenizers built (from the run's cache) beforehand."""
     config = workload.demo_sim_config()
-    return dataclasses.replace(config, time_scale=config.time_scale * DEMO_SPEEDUP)
+    cache = warm_sim_tokenizers(*config.models)
+    return dataclasses.replace(config, time_scale=config.time_scale * DEMO_SPEEDUP, tokenizer_cache_dir=cache)
 
 
-async def test_demo_shows_kvgate_preventing_oom_truncation_and_reloads(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(demo, "demo_sim_config", _faster)
+async def test_demo_shows_kvgate_preventing_oom_truncation_and_reloads(faster: SimConfig) -> None:
     out = io.StringIO()
-    assert await run(build_parser().parse_args(["demo"]), out=out) == 0
+    assert await run(build_parser().parse_args(["demo"]), out=out, sim_config=faster) == 0
     rows = {}
     for line in out.getvalue().splitlines():
         parts = line.rsplit(maxsplit=2)

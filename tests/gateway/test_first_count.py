@@ -33,6 +33,7 @@ from kvsim.runner import start_sim
 from kvsim.templates import Message, render
 from kvsim.vocab import tokenizer_for
 from tests.support.gateway_server import running_gateway
+from tests.tokens.vocab_vectors import SESSION_CACHE_DIR, warm_sim_tokenizers
 
 CONTEXT_TOKENS = 4096
 MODELS = ("llama3.1:8b", "qwen2.5:7b", "phi3:mini")
@@ -47,7 +48,7 @@ def true_prompt_tokens(model: str, messages: list[dict[str, Any]]) -> int:
     spec = lookup(select(MODELS), model)
     assert spec is not None
     rendered = render(spec.template, [Message(m["role"], m["content"]) for m in messages])
-    return len(tokenizer_for(spec).encode(rendered))
+    return len(tokenizer_for(spec, cache_dir=SESSION_CACHE_DIR).encode(rendered))
 
 
 def make_chat(rng: random.Random, model: str, target_tokens: int, output_tokens: int) -> list[dict[str, Any]]:
@@ -82,7 +83,7 @@ def test_simulated_phi3_strips_whitespace_after_special_tokens_like_llama_cpp() 
     assert rendered == ("<|user|>\nhello there<|end|>\n<|assistant|>\n  hi\n<|end|>\n"
                         "<|user|>\nBe brief.<|end|>\n<|assistant|>\n")
     # <s> <|user|> ▁hello ▁there <|end|> <|assistant|> ▁hi <0x0A> <|end|> <|user|> ▁Be ▁brief . <|end|> <|assistant|>
-    assert tokenizer_for(spec).encode(rendered) == [
+    assert tokenizer_for(spec, cache_dir=SESSION_CACHE_DIR).encode(rendered) == [
         1, 32010, 22172, 727, 32007, 32001, 7251, 13, 32007, 32010, 1522, 11473, 29889, 32007, 32001]
 
 
@@ -90,7 +91,8 @@ def test_simulated_phi3_strips_whitespace_after_special_tokens_like_llama_cpp() 
 async def sim() -> AsyncIterator[str]:
     config = SimConfig(models=MODELS, num_parallel=1, load_s=0.05, time_scale=50.0, context_length=CONTEXT_TOKENS,
                        min_response_tokens=2, max_response_tokens=6, gen_tokens_per_s=500.0,
-                       prompt_tokens_per_s=200_000.0)
+                       prompt_tokens_per_s=200_000.0,
+                       tokenizer_cache_dir=warm_sim_tokenizers(*MODELS))  # the simulator's: this run's shared cache
     runner, url = await start_sim(config)
     try:
         yield url

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -24,6 +25,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from gateway.admission import pools as pools_module
+from gateway.app import POOLS, create_app, start_server
+from gateway.config import load_settings
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
 from tests.support.fake_backend import FakeLLM, Script, running
@@ -83,7 +87,7 @@ async def _queued(http: aiohttp.ClientSession, url: str, expected: int) -> bool:
     """Whether kvgate's status page shows ``expected`` requests waiting, across its pools."""
     async with http.get(f"{url}/kvgate/status") as response:
         pools = (await response.json())["pools"]
-    return sum(pool["queued"] for pool in pools) == expected
+    return bool(sum(pool["queued"] for pool in pools) == expected)
 
 
 async def _notes(http: aiohttp.ClientSession, url: str) -> list[str]:
@@ -136,18 +140,34 @@ async def _post_text(http: aiohttp.ClientSession, url: str, body: dict[str, Any]
         return response.status, await response.text(), dict(response.headers)
 
 
-async def test_a_backend_down_for_a_probe_is_waited_for_not_forwarded_unaccounted() -> None:
+@asynccontextmanager
+async def _gateway_with_pools(
+    backends: list[dict[str, Any]], **overrides: Any
+) -> AsyncIterator[tuple[str, web.Application]]:
+    """``running_gateway``, also handing back the app, whose PoolDirectory counts the probes it started."""
+    app = create_app(load_settings(None, backends=backends, **overrides), refresh_models=False)
+    runner, port = await start_server(app, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_backend_down_for_a_probe_is_waited_for_not_forwarded_unaccounted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pools_module, "PROBE_RETRY_FIRST_S", 0.05)  # retries at 0.05, 0.1, 0.2 s ... (not 0.25 s)
     fake = FakeLLM(Script(chunks=2, hold_after_chunks=1))
     async with running(fake):
         fake_url = fake.url
     # The backend is down now: 20 requests wait for its pool (one shared probe); it comes back within probe_wait_s.
     backend = {"name": "cpp", "kind": "llama-server", "url": fake_url, "unified_kv": False}
     host, port = fake_url.removeprefix("http://").split(":")
-    async with running_gateway([backend], admission={"probe_wait_s": 20.0}) as url, \
+    async with _gateway_with_pools([backend], admission={"probe_wait_s": 20.0}) as (url, app), \
             aiohttp.ClientSession() as http:
         body = {"prompt": "hi", "n_predict": 4, "stream": True}
         requests = [asyncio.ensure_future(_post_text(http, f"{url}/completion", body)) for _ in range(20)]
-        await asyncio.sleep(1.0)
+        await until(lambda: app[POOLS].probes >= 3)  # the probe failed and was retried twice while they waited
         assert not any(r.done() for r in requests)
         runner = web.AppRunner(fake.app())
         await runner.setup()

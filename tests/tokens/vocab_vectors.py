@@ -74,3 +74,19 @@ def vector_tokenizer(vocab: str) -> tokenizers.Tokenizer:
     tokenizer = load_gguf_tokenizer(vocab_path(vocab), cache_dir=SESSION_CACHE_DIR)
     tokenizer.encode_special_tokens = True
     return tokenizer
+
+
+def warm_sim_tokenizers(*models: str) -> Path:
+    """SESSION_CACHE_DIR, with the simulator's tokenizers of `models` built in this process (through that cache).
+
+    For a test's setup: a simulator started with ``SimConfig(tokenizer_cache_dir=...)`` here finds them built (the
+    simulator keeps one tokenizer per vocabulary per process), and the tokenizer.json files are the ones
+    `shared_tokenizer` and `warmed_cache_dir` use (the same ``gguf-{digest}`` keys), so each vocabulary is converted
+    once per run whichever comes first.
+    """
+    from kvsim.catalog import CATALOG
+    from kvsim.vocab import tokenizer_for
+
+    for model in models:
+        tokenizer_for(CATALOG[model], cache_dir=SESSION_CACHE_DIR)
+    return SESSION_CACHE_DIR
