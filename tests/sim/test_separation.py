@@ -31,12 +31,14 @@ def test_importing_the_gateway_loads_no_simulator() -> None:
 
 
 def _kvsim_imports(tree: ast.AST) -> list[tuple[ast.stmt, bool]]:
-    """Every import of kvsim, with whether it sits inside a function."""
+    """Every import of kvsim, with whether it is deferred: inside a function, or under ``if TYPE_CHECKING:`` (read
+    by the type checker only, never run)."""
     found: list[tuple[ast.stmt, bool]] = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            inner = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            inner = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) or (
+                isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING")
             names: list[str] = []
             if isinstance(child, ast.Import):
                 names = [alias.name for alias in child.names]
