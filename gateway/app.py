@@ -18,6 +18,7 @@ from pydantic import SecretStr
 from gateway import dialects, targets
 from gateway.admission import Ledger, WaitingRoom
 from gateway.admission.admit import Admitter
+from gateway.admission.gpu_ledger import GpuBoard, LoadReservations
 from gateway.admission.pools import PoolDirectory, unadmitted_reason
 from gateway.admission.tenants import TenantDirectory
 from gateway.api import kvgate as kvgate_api
@@ -27,10 +28,12 @@ from gateway.config import ServerSettings, Settings
 from gateway.domain import Dialect, Operation
 from gateway.errors import AdminOnly, GatewayError
 from gateway.memory.vram import VramSource
+from gateway.observability.gpus import gpu_rows, refresh_gpus
 from gateway.observability.metrics import CONTENT_TYPE, Metrics
 from gateway.proxy import Proxy
 from gateway.routes import FALLBACK, ROUTES, Route
 from gateway.serving import CONNECTIONS, ClientLimits, ConnectionCollector, Connections, GuardedRunner
+from gateway.single_flight import SingleFlight
 from gateway.tokens.prompt_counter import PromptCounter
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -45,6 +48,11 @@ log = logging.getLogger(__name__)
 METRICS = web.AppKey("metrics", Metrics)
 STARTED = web.AppKey("started", float)
 TENANTS = web.AppKey("tenants", TenantDirectory)
+GPU_BOARD = web.AppKey("gpu_board", GpuBoard)
+GPU_REFRESHES = web.AppKey("gpu_refreshes", SingleFlight[str, None])
+STATUS_GPU_WAIT_S = 1.0
+"""How long a /kvgate/status read waits for fresh GPU readings before it shows the last ones."""
+LOAD_RESERVATIONS = web.AppKey("load_reservations", LoadReservations)
 
 SessionFactory = Callable[[], aiohttp.ClientSession]
 
@@ -85,6 +93,10 @@ def create_app(
     warn_if_exposed(settings)
     app[CONNECTIONS] = Connections(ClientLimits.from_settings(settings.server))  # gateway.serving
     metrics.registry.register(ConnectionCollector(app[CONNECTIONS]))
+    app[GPU_REFRESHES] = SingleFlight()
+    app[GPU_BOARD] = GpuBoard()  # the GPU ledger's last budgets: refreshed on status reads and in the loop below
+    app[LOAD_RESERVATIONS] = LoadReservations()
+    metrics.watch_gpus(app[GPU_BOARD])
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         session = session_factory()
@@ -105,7 +117,12 @@ def create_app(
         app[POOLS] = pools
         app[PROXY] = Proxy(settings, registry, app[PROMPT_COUNTER], app[ADMITTER], metrics, tenants)
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
+        gpu_refresher = asyncio.create_task(_refresh_gpus_forever(app)) if refresh_models else None
         yield
+        if gpu_refresher is not None:
+            gpu_refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await gpu_refresher
         checks.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await checks
@@ -191,11 +208,31 @@ async def _status(request: web.Request) -> web.Response:
         notes.setdefault(backend_name, []).append(message)
     for pool in pools.known().values():
         notes.setdefault(pool.backend, []).extend(pools.notes_for(pool))  # a context chosen by a fallback, and why
+    # Fresh GPU readings, shared by concurrent status reads; a slow backend can't hold the page: after
+    # STATUS_GPU_WAIT_S it shows the last readings while the refresh finishes.
+    refresh = asyncio.ensure_future(app[GPU_REFRESHES].run("gpus", lambda: _refresh_gpus(app), join_running=True))
+    await asyncio.wait({refresh}, timeout=STATUS_GPU_WAIT_S)
     status = kvgate_api.status_snapshot(app[REGISTRY], app[ADMITTER].room, pools.known(),
-                                        time.monotonic() - app[STARTED], app[METRICS].truncation_log.snapshot(), notes)
+                                        time.monotonic() - app[STARTED], app[METRICS].truncation_log.snapshot(), notes,
+                                        gpus=gpu_rows(app[GPU_BOARD]))
     if "text/html" in request.headers.get("Accept", ""):
         return web.Response(text=kvgate_api.status_html(status), content_type="text/html")
     return web.json_response(status)
+
+
+async def _refresh_gpus(app: web.Application) -> None:
+    """refresh_gpus reports an unreadable GPU on the board; anything else is a bug, logged, never a failed page."""
+    try:
+        await refresh_gpus(app[REGISTRY], app[PROBES], app[LOAD_RESERVATIONS], app[GPU_BOARD])
+    except Exception:
+        log.exception("GPU ledger refresh failed")
+
+
+async def _refresh_gpus_forever(app: web.Application) -> None:
+    """Keep the GPU gauges current between status reads, every ``models_refresh_s``."""
+    while True:
+        await _refresh_gpus(app)
+        await asyncio.sleep(app[SETTINGS].models_refresh_s)
 
 
 ProxiedHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -20,8 +20,16 @@ from gateway.backends.probes import BackendProbes, local_profile
 from gateway.domain import BackendKind, Dialect
 from gateway.errors import BackendUnavailable, BadRequest, GatewayError
 from gateway.memory.estimate import estimate, parse_fit_params
-from gateway.memory.load_cost import Calibration, calibrate_from_ps, estimate_load_cost
+from gateway.memory.load_cost import Calibration
 from gateway.memory.profile import ModelProfile
+from gateway.memory.residency import (
+    calibration_for,
+    plan_unload,
+    residency,
+    residency_json,
+    residency_warnings,
+)
+from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import VramReading, VramUnavailable
 from gateway.routes import ROUTES
 from gateway.text import safe_text
@@ -66,12 +74,15 @@ async def _fit(request: web.Request, registry: BackendRegistry, probes: BackendP
     profile = await _profile(probes, backend, params.model)
     reading, vram_warning = await _vram(probes, backend)
     settings = backend.settings
-    calibration = await _calibration(probes, backend, params.model, profile)
+    loaded = await _loaded(probes, backend)
+    resident = residency(params.model, loaded) if loaded is not None else None
+    own = resident.own if resident else None
+    calibration = _calibration(backend, profile, own)
     try:
         result = estimate(
             profile,
-            context=params.context or profile.context_tokens or min(DEFAULT_CONTEXT_TOKENS,
-                                                                     profile.shape.n_ctx_train or 8192),
+            context=params.context or (own.context_tokens if own else None) or profile.context_tokens
+            or min(DEFAULT_CONTEXT_TOKENS, profile.shape.n_ctx_train or 8192),
             parallel=params.parallel or settings.parallel or profile.parallel or 1,
             type_k=params.type_k if "cache_type_k" in query else settings.cache_type_k,
             type_v=params.type_v if "cache_type_v" in query else settings.cache_type_v,
@@ -79,15 +90,18 @@ async def _fit(request: web.Request, registry: BackendRegistry, probes: BackendP
             vram_free_bytes=reading.free_bytes if reading else None,
             unified=bool(settings.unified_kv),
             calibration=calibration,
+            vram_resident_bytes=resident.resident_bytes if resident else 0,
         )
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
+    plan = plan_unload(resident, result) if resident else None
     body = result.to_json()
+    body.update(residency_json(resident, plan))
     body["calibrated_from"] = calibration.source if calibration else None
     body["backend"] = backend.name
     body["vram_source"] = reading.source if reading else None
-    if vram_warning:
-        body.setdefault("warnings", []).append(vram_warning)
+    for warning in [*residency_warnings(resident, plan), *([vram_warning] if vram_warning else [])]:
+        body.setdefault("warnings", []).append(warning)
     return web.json_response(body)
 
 
@@ -111,24 +125,24 @@ async def _profile(probes: BackendProbes, backend: Backend, model: str) -> Model
         raise BackendUnavailable(f"no profile for {model!r} from {backend.describe()}: {exc}") from None
 
 
-async def _calibration(
-    probes: BackendProbes, backend: Backend, model: str, profile: ModelProfile
-) -> Calibration | None:
+def _calibration(backend: Backend, profile: ModelProfile, loaded: LoadedModel | None) -> Calibration | None:
     """For a model Ollama has loaded: scale the estimate to what /api/ps says the load really took."""
     if backend.kind is not BackendKind.OLLAMA:
         return None
+    settings = backend.settings
+    return calibration_for(profile, loaded, parallel=settings.parallel or 1,
+                           type_k=settings.cache_type_k, type_v=settings.cache_type_v)
+
+
+async def _loaded(probes: BackendProbes, backend: Backend) -> list[LoadedModel] | None:
+    """Ollama: every model /api/ps shows loaded (a burst of /kvgate/fit requests reads it once); None when the
+    backend is not Ollama or /api/ps cannot be read."""
+    if backend.kind is not BackendKind.OLLAMA:
+        return None
     try:
-        loaded = await probes.loaded_model(backend, model)
+        return await probes.loaded_models(backend, join_running=True)
     except ProbeError:
         return None
-    if loaded is None or not loaded.context_tokens or loaded.size_bytes <= 0:
-        return None
-    settings = backend.settings
-    cost = estimate_load_cost(
-        profile, context_tokens=loaded.context_tokens, parallel=settings.parallel or 1,
-        type_k=settings.cache_type_k, type_v=settings.cache_type_v,
-    )
-    return calibrate_from_ps(cost, size_bytes=loaded.size_bytes, size_vram_bytes=loaded.size_vram_bytes)
 
 
 async def _vram(probes: BackendProbes, backend: Backend) -> tuple[VramReading | None, str | None]:
@@ -167,11 +181,13 @@ def count_handler(deps: CountDeps) -> Callable[[web.Request], Awaitable[web.Resp
 def status_snapshot(
     registry: BackendRegistry, room: WaitingRoom, pools: dict[tuple[str, str], PoolSpec], uptime_s: float,
     truncations: dict[str, Any] | None = None, notes: dict[str, list[str]] | None = None,
+    *, gpus: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Backends (with ``notes``: why one is forwarded without admission, a configured context its loaded models
-    disagree with), their models, every KV pool with its reservations and queue, and the silent truncations seen in
-    replies (``TruncationLog.snapshot()``), as JSON. Every string that may come from a client or a backend is safe
-    text (``gateway.text``), so the page always encodes."""
+    disagree with), their models, every KV pool with its reservations and queue, the GPU ledger of each backend with
+    a VRAM source (``observability.gpus.gpu_rows``), and the silent truncations seen in replies
+    (``TruncationLog.snapshot()``), as JSON. Every string that may come from a client or a backend is safe text
+    (``gateway.text``), so the page always encodes."""
     notes = notes or {}
     stats = room.stats()
     pool_rows = []
@@ -203,6 +219,7 @@ def status_snapshot(
             for b in registry.backends
         ],
         "pools": pool_rows,
+        "gpus": gpus or [],
         "truncations": truncations or {"counts": [], "recent": []},
     }
 
@@ -218,6 +235,9 @@ def status_html(status: dict[str, Any]) -> str:
                         "; ".join(b["notes"])] for b in status["backends"]]
     backend_rows = "".join(f"<tr>{cells(row)}</tr>" for row in backend_columns)
     pool_rows = "".join(f"<tr>{cells([p[c] for c in pool_columns])}</tr>" for p in status["pools"])
+    gpu_columns = ["backend", "source", "total_bytes", "models", "other_processes_bytes", "reserved_bytes",
+                   "free_bytes", "overcommitted", "problem"]
+    gpu_rows = "".join(f"<tr>{cells([_gpu_cell(g, c) for c in gpu_columns])}</tr>" for g in status.get("gpus", []))
     truncations = status["truncations"]
     count_rows = "".join(f"<tr>{cells([c['backend'], c['model'], c['truncations']])}</tr>"
                          for c in truncations["counts"])
@@ -230,8 +250,16 @@ def status_html(status: dict[str, Any]) -> str:
         f"<h2>Backends</h2><table><tr>{cells(['name', 'kind', 'url', 'models', 'last error', 'notes'], 'th')}</tr>"
         f"{backend_rows}</table>"
         f"<h2>KV pools</h2><table><tr>{cells(pool_columns, 'th')}</tr>{pool_rows}</table>"
+        f"<h2>GPUs</h2><table><tr>{cells(gpu_columns, 'th')}</tr>{gpu_rows}</table>"
         "<h2>Silent truncations</h2><p>replies whose reported prompt length is short of kvgate's count: the "
         "backend cut the prompt without saying so</p>"
         f"<table><tr>{cells(['backend', 'model', 'truncations'], 'th')}</tr>{count_rows}</table>"
         f"<h3>Latest</h3><table><tr>{cells(event_columns, 'th')}</tr>{event_rows}</table></body></html>"
     )
+
+
+def _gpu_cell(gpu: dict[str, Any], column: str) -> Any:
+    if column == "models":
+        return ", ".join(f"{m['name']}: {m['resident_bytes']} ({m['source']})" for m in gpu.get("models", []))
+    value = gpu.get(column)
+    return "" if value is None else value

@@ -68,9 +68,9 @@ class BackendProbes:
         """Ollama: load the model (an empty /api/generate), at ``num_ctx`` or at Ollama's own default."""
         await self._ollama_prober(backend).load(model, num_ctx)
 
-    async def loaded_models(self, backend: Backend) -> list[LoadedModel]:
-        """Ollama: every model /api/ps shows loaded now."""
-        return await self._ollama_prober(backend).loaded()
+    async def loaded_models(self, backend: Backend, *, join_running: bool = False) -> list[LoadedModel]:
+        """Ollama: every model /api/ps shows loaded now; with ``join_running`` a read in flight will do."""
+        return await self._ollama_prober(backend).loaded(join_running=join_running)
 
     async def loaded_model(
         self, backend: Backend, model: str, *, join_running: bool = True

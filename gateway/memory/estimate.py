@@ -1,7 +1,8 @@
 """`kvgate estimate` and GET /kvgate/fit: does a model fit, and what is the most it can be given (pure).
 
     total = weights + KV pool + compute + output + overhead        (load_cost)
-    headroom = free VRAM - total; fits when headroom >= 0
+    available = free VRAM + the model's own resident copy (its size_vram when loaded), at most the GPU's total
+    headroom = available - total; fits when headroom >= 0
     max_context:  largest multiple of 256 tokens (<= n_ctx_train) that fits at this parallelism
     max_parallel: largest number of sequences (<= 256) that fits at this context
 """
@@ -42,14 +43,21 @@ class Estimate:
     max_context_tokens: int | None
     max_parallel: int | None
     warnings: tuple[str, ...]
+    vram_resident_bytes: int = 0  # the model's own loaded copy, counted in the reading's used memory
 
     @property
     def total_bytes(self) -> int:
         return self.cost.total_bytes
 
     @property
+    def available_bytes(self) -> int | None:
+        """What this load may take: free VRAM plus the model's own resident copy (a reload replaces it)."""
+        return available_bytes(self.vram_free_bytes, self.vram_resident_bytes, self.vram_total_bytes)
+
+    @property
     def headroom_bytes(self) -> int | None:
-        return None if self.vram_free_bytes is None else self.vram_free_bytes - self.cost.total_bytes
+        available = self.available_bytes
+        return None if available is None else available - self.cost.total_bytes
 
     @property
     def fits(self) -> bool | None:
@@ -78,6 +86,7 @@ class Estimate:
             "total_bytes": cost.total_bytes,
             "vram_total_bytes": self.vram_total_bytes,
             "vram_free_bytes": self.vram_free_bytes,
+            "vram_available_bytes": self.available_bytes,
             "headroom_bytes": self.headroom_bytes,
             "fits": self.fits,
             "max_context": self.max_context_tokens,
@@ -102,6 +111,15 @@ class _Knobs:
             unified=self.unified, overhead_bytes=self.overhead_bytes, n_ubatch=self.n_ubatch,
             flash_attn=self.flash_attn, calibration=self.calibration,
         )
+
+
+def available_bytes(free_bytes: int | None, resident_bytes: int, total_bytes: int | None) -> int | None:
+    """Free VRAM plus ``resident_bytes`` already held by the model itself, capped at ``total_bytes`` (a reading
+    taken before the load, or a static size, does not count the resident copy as used)."""
+    if free_bytes is None:
+        return None
+    available = free_bytes + resident_bytes
+    return available if total_bytes is None else min(available, max(total_bytes, free_bytes))
 
 
 def _largest(lo: int, hi: int, fits: Any) -> int:
@@ -144,14 +162,18 @@ def estimate(
     n_ubatch: int = 512,
     flash_attn: bool = True,
     calibration: Calibration | None = None,
+    vram_resident_bytes: int = 0,
 ) -> Estimate:
-    """Breakdown and verdict for ``parallel`` sequences of ``context`` tokens (see load_cost for ``unified``)."""
+    """Breakdown and verdict for ``parallel`` sequences of ``context`` tokens (see load_cost for ``unified``);
+    ``vram_resident_bytes``: the model's own loaded copy (Ollama /api/ps size_vram), available to it."""
     if context <= 0:
         raise ValueError(f"context is {context} tokens; must be > 0")
     if not 1 <= parallel <= LLAMA_MAX_SEQ:
         raise ValueError(f"parallel is {parallel}; allowed: 1..{LLAMA_MAX_SEQ}")
     if vram_free_bytes is not None and vram_free_bytes < 0:
         raise ValueError(f"free VRAM is {vram_free_bytes} bytes; must be >= 0")
+    if vram_resident_bytes < 0:
+        raise ValueError(f"resident VRAM is {vram_resident_bytes} bytes; must be >= 0")
     knobs = _Knobs(type_k, type_v, unified, overhead_bytes, n_ubatch, flash_attn, calibration)
     cost = knobs.cost(profile, context, parallel)
     warnings = list(profile.all_warnings)
@@ -162,9 +184,10 @@ def estimate(
             f"slot at {n_ctx_train} but still allocates the whole pool"
         )
     max_context = max_parallel = None
-    if vram_free_bytes is not None:
-        max_context = _max_context(profile, knobs, parallel, vram_free_bytes)
-        max_parallel = _max_parallel(profile, knobs, context, vram_free_bytes)
+    available = available_bytes(vram_free_bytes, vram_resident_bytes, vram_total_bytes)
+    if available is not None:
+        max_context = _max_context(profile, knobs, parallel, available)
+        max_parallel = _max_parallel(profile, knobs, context, available)
     return Estimate(
         model=profile.name,
         source=profile.source.value,
@@ -181,6 +204,7 @@ def estimate(
         max_context_tokens=max_context,
         max_parallel=max_parallel,
         warnings=tuple(warnings),
+        vram_resident_bytes=vram_resident_bytes,
     )
 
 

@@ -2,6 +2,9 @@
 
 The lead's CLI registers it:  add_arguments(subparser); subparser.set_defaults(run=run); exit = asyncio.run(run(ns))
 Exit status: 0 fits (or no VRAM reading to judge), 1 does not fit, 2 bad input or unreachable source.
+With an Ollama --backend, /api/ps says which models are loaded (``residency``): a loaded model's own VRAM counts as
+available to it (and its loaded context is the default), and for any model the output says whether a load would
+need other models unloaded first.
 """
 
 from __future__ import annotations
@@ -23,7 +26,17 @@ from gateway.memory.kv import ALLOWED_CACHE_TYPES, CacheType, ShapeError, parse_
 from gateway.memory.presets import find_preset, preset_names, preset_profile
 from gateway.memory.profile import ModelProfile
 from gateway.memory.render import render_table
+from gateway.memory.residency import (
+    Residency,
+    calibration_for,
+    plan_unload,
+    residency,
+    residency_json,
+    residency_lines,
+    residency_warnings,
+)
 from gateway.memory.sources.gguf import profile_from_gguf
+from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import StaticVramSource, VramReading, VramUnavailable, parse_size
 from gateway.memory.vram_exporter import ExporterSource
 from gateway.memory.vram_nvml import nvml_source
@@ -72,13 +85,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-async def _backend_profile(session: aiohttp.ClientSession, url: str, model: str) -> ModelProfile:
+async def _backend_profile(
+    session: aiohttp.ClientSession, url: str, model: str
+) -> tuple[ModelProfile, list[LoadedModel] | None]:
+    """The model's profile and, from Ollama, every model /api/ps shows loaded (None: llama-server, or /api/ps
+    unreadable)."""
     client = BackendClient(session, url)
     kind = await detect_backend(client)
     if kind is BackendKind.OLLAMA:
-        return await OllamaProber(client).profile(model)
+        prober = OllamaProber(client)
+        profile = await prober.profile(model)
+        try:
+            return profile, await prober.loaded()
+        except ProbeError:
+            return profile, None
     return await LlamaServerProber(client, gguf_path=Path(model) if model.endswith(".gguf") else None,
-                                   fallback=_preset_or_none(model)).profile()
+                                   fallback=_preset_or_none(model)).profile(), None
 
 
 def _preset_or_none(model: str) -> ModelProfile | None:
@@ -98,9 +120,16 @@ def _local_profile(model: str, quantization: str | None) -> ModelProfile:
 
 async def resolve_profile(args: argparse.Namespace, session: aiohttp.ClientSession) -> ModelProfile:
     """The profile for args.model: from --backend, else a GGUF file, else a preset."""
+    return (await resolve_model(args, session))[0]
+
+
+async def resolve_model(
+    args: argparse.Namespace, session: aiohttp.ClientSession
+) -> tuple[ModelProfile, list[LoadedModel] | None]:
+    """The profile for args.model, and the models an Ollama --backend has loaded (None when not known)."""
     if args.backend:
         return await _backend_profile(session, args.backend, args.model)
-    return await asyncio.to_thread(_local_profile, args.model, args.quantization)
+    return await asyncio.to_thread(_local_profile, args.model, args.quantization), None
 
 
 async def read_vram(spec: str, session: aiohttp.ClientSession) -> VramReading | None:
@@ -124,23 +153,31 @@ def _default_context(profile: ModelProfile) -> int:
     return min(DEFAULT_CONTEXT_TOKENS, profile.shape.n_ctx_train or DEFAULT_CONTEXT_TOKENS)
 
 
-def _print(result: Estimate, as_json: bool, out: TextIO) -> None:
+def _print(result: Estimate, resident: Residency | None, as_json: bool, out: TextIO) -> None:
+    plan = plan_unload(resident, result) if resident else None
     if as_json:
-        out.write(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        body = result.to_json()
+        body.update(residency_json(resident, plan))
+        body["warnings"] += residency_warnings(resident, plan)
+        out.write(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        out.write(render_table(result) + "\n")
+        out.write("\n".join([render_table(result), *residency_lines(resident, plan)]) + "\n")
 
 
 async def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
     try:
         async with aiohttp.ClientSession() as session:
-            profile = await resolve_profile(args, session)
+            profile, loaded = await resolve_model(args, session)
             reading = await read_vram(args.vram, session)
+        resident = residency(args.model, loaded) if loaded is not None else None
+        own = resident.own if resident else None
+        parallel = args.parallel or profile.parallel or 1
         result = estimate(
             profile,
-            context=args.context or profile.context_tokens or _default_context(profile),
-            parallel=args.parallel or profile.parallel or 1,
+            context=args.context or (own.context_tokens if own else None) or profile.context_tokens
+            or _default_context(profile),
+            parallel=parallel,
             type_k=args.cache_type_k,
             type_v=args.cache_type_v,
             vram_total_bytes=reading.total_bytes if reading else None,
@@ -149,9 +186,12 @@ async def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
             unified=args.unified,
             n_ubatch=args.ubatch,
             flash_attn=not args.no_flash_attn,
+            calibration=calibration_for(profile, own, parallel=parallel, type_k=args.cache_type_k,
+                                        type_v=args.cache_type_v),
+            vram_resident_bytes=resident.resident_bytes if resident else 0,
         )
     except (InputError, ProbeError, VramUnavailable, ShapeError, ValueError, OSError) as exc:
         err.write(f"kvgate estimate: {exc}\n")
         return 2
-    _print(result, args.json, out)
+    _print(result, resident, args.json, out)
     return 1 if result.fits is False else 0

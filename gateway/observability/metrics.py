@@ -16,10 +16,18 @@ the waiting room when scraped (``GET /kvgate/metrics``), so they can never drift
     kvgate_queue_length{backend,model}                   requests waiting now
     kvgate_queue_wait_seconds_total{backend,model}       summed waits of admitted requests
     kvgate_queue_rejected_total{backend,model,reason}    queue_full | queue_timeout | context
+    kvgate_gpu_total_bytes{backend}                      device memory of the backend's GPUs (its vram source)
+    kvgate_gpu_model_bytes{backend,model}                each resident model's bytes (reported or estimated)
+    kvgate_gpu_other_processes_bytes{backend}            used beyond the resident models (foreign processes)
+    kvgate_gpu_reserved_bytes{backend}                   held for model loads in flight
+    kvgate_gpu_free_bytes{backend}                       total - resident - other - reserved, at least 0
+    kvgate_gpu_overcommitted{backend}                    1 when resident + other + reserved exceed the total
 
-Every ``model`` label is bounded: pool labels are pool keys, and the truncation counter's is the name the backend
-lists (``truncations.model_label``), never a client's string as sent. Every label value is safe text
-(``gateway.text.safe_text``): one that could not be encoded would fail every later scrape.
+GPU gauges come from the last budget the app computed (on a status read, and in the refresh loop), never from I/O
+during a scrape. Every ``model`` label is bounded: pool labels are pool keys, the truncation counter's is the name
+the backend lists (``truncations.model_label``), the GPU ledger's the names the backend lists as resident, never a
+client's string as sent. Every label value is safe text (``gateway.text.safe_text``): one that could not be encoded
+would fail every later scrape.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.admission import PoolSpec, WaitingRoom
+from gateway.admission.gpu_ledger import GpuBoard
 from gateway.admission.outcome import AdmissionOutcome, decision_labels
 from gateway.observability.truncations import TruncationLog
 from gateway.text import safe_text
@@ -75,6 +84,35 @@ class _PoolCollector(Collector):
         yield from (active, reserved, capacity, queued, waited, rejected)
 
 
+class _GpuCollector(Collector):
+    def __init__(self, board: GpuBoard) -> None:
+        self._board = board
+
+    def collect(self) -> Iterator[Metric]:
+        def gauge(name: str, doc: str, *extra: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=["backend", *extra])
+
+        total = gauge("kvgate_gpu_total_bytes", "Device memory of the backend's GPUs")
+        free = gauge("kvgate_gpu_free_bytes", "Device memory neither resident, used by others, nor reserved")
+        other = gauge("kvgate_gpu_other_processes_bytes", "Device memory used beyond the resident models")
+        model = gauge("kvgate_gpu_model_bytes", "Device memory of one resident model", "model")
+        reserved = gauge("kvgate_gpu_reserved_bytes", "Device memory held for loads in flight")
+        over = gauge("kvgate_gpu_overcommitted", "1 when resident + other + reserved exceed the total")
+        for backend, entry in self._board.entries().items():
+            budget = entry.budget
+            if budget is None:
+                continue
+            labels = _labels((backend,))
+            total.add_metric(labels, budget.total_bytes)
+            free.add_metric(labels, budget.free_bytes)
+            other.add_metric(labels, budget.other_processes_bytes)
+            reserved.add_metric(labels, budget.reserved_bytes)
+            over.add_metric(labels, int(budget.overcommitted))
+            for resident in budget.residents:
+                model.add_metric(_labels((backend, resident.name)), resident.resident_bytes)
+        yield from (total, free, other, model, reserved, over)
+
+
 class Metrics:
     def __init__(self) -> None:
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -97,6 +135,9 @@ class Metrics:
 
     def watch_pools(self, room: WaitingRoom, pools: Callable[[], dict[tuple[str, str], PoolSpec]]) -> None:
         self.registry.register(_PoolCollector(room, pools))
+
+    def watch_gpus(self, board: GpuBoard) -> None:
+        self.registry.register(_GpuCollector(board))
 
     def child(self, metric: Counter | Histogram, *labels: str) -> Any:
         """``metric.labels(*labels)``, cached: the lookup is on every request's path."""

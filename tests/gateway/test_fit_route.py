@@ -103,3 +103,84 @@ async def test_fit_against_the_simulator_uses_its_profile_live_vram_and_ps_calib
             assert loaded["kv_bytes"] == GIB
     finally:
         await runner.cleanup()
+
+
+@pytest.fixture
+async def sim_with_llama_loaded() -> AsyncIterator[tuple[str, str]]:
+    """The simulator (one 24 GiB GPU) behind a gateway that reads its VRAM exporter, with llama3.1:8b loaded at
+    num_ctx 65536 (about 13.3 GiB: more than the ~10.7 GiB left free). Yields (gateway URL, simulator URL)."""
+    from kvsim.config import SimConfig
+    from kvsim.gpu.exporter import EXPORTER_PATH
+    from kvsim.runner import start_sim
+
+    runner, sim = await start_sim(SimConfig(models=("llama3.1:8b", "qwen2.5:7b"), load_s=0.05, time_scale=50.0))
+    backend = {"name": "sim", "url": sim, "vram": sim + EXPORTER_PATH, "vram_refresh_s": 0.01, "parallel": 1}
+    try:
+        async with running_gateway([backend]) as url:
+            async with aiohttp.ClientSession() as http, http.post(
+                f"{sim}/api/generate", json={"model": "llama3.1:8b", "prompt": "", "options": {"num_ctx": 65536}}
+            ) as response:
+                assert response.status == 200
+
+            async def loaded_and_read() -> bool:  # /api/ps shows it and the VRAM reading is newer than the load
+                _, body = await _fit(url, "model=llama3.1:8b")
+                return body["resident"] is True and body["vram_free_bytes"] != 24 * GIB
+
+            await until(loaded_and_read)
+            yield url, sim
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_loaded_model_counts_its_own_memory_as_available(sim_with_llama_loaded: tuple[str, str]) -> None:
+    url, sim = sim_with_llama_loaded
+    _, body = await _fit(url, "model=llama3.1:8b&context=65536")
+    free, total, own = body["vram_free_bytes"], body["total_bytes"], body["resident_bytes"]
+    assert isinstance(free, int) and isinstance(total, int) and isinstance(own, int)
+    assert free < total  # free VRAM alone (the old rule) would say it does not fit
+    assert body["fits"] is True and body["resident"] is True and body["resident_context"] == 65536
+    assert own > 13 * GIB and body["vram_available_bytes"] == min(free + own, 24 * GIB)
+    assert body["needs_unload"] is False and body["would_unload"] == []
+    assert isinstance(body["max_context"], int) and body["max_context"] >= 65536
+    _, default = await _fit(url, "model=llama3.1:8b")  # no context asked: the one it is loaded with
+    assert default["context"] == 65536 and default["fits"] is True
+
+    args = build_parser().parse_args(
+        ["estimate", "llama3.1:8b", "--backend", sim, "--vram", sim + "/sim/metrics", "--json"])
+    out = io.StringIO()
+    assert await estimate_cli.run(args, out=out) == 0
+    printed = orjson.loads(out.getvalue())
+    for key in ("context", "total_bytes", "fits", "resident", "resident_bytes", "resident_context", "needs_unload"):
+        assert printed[key] == body[key], key
+    table = io.StringIO()
+    assert await estimate_cli.run(build_parser().parse_args(
+        ["estimate", "llama3.1:8b", "--backend", sim, "--vram", sim + "/sim/metrics"]), out=table) == 0
+    assert "resident: yes" in table.getvalue()
+
+
+async def test_fit_says_whether_a_load_needs_an_unload_first(sim_with_llama_loaded: tuple[str, str]) -> None:
+    url, _ = sim_with_llama_loaded
+    cases = [  # query, fits now, needs_unload, would_unload, fits_after_unload
+        ("model=llama3.1:8b&context=65536", True, False, [], True),  # resident, at its loaded context
+        ("model=qwen2.5:7b&context=8192", True, False, [], True),  # fits beside llama
+        ("model=qwen2.5:7b&context=32768&parallel=4", False, True, ["llama3.1:8b"], True),  # only without llama
+        ("model=qwen2.5:7b&context=131072&parallel=4", False, False, [], False),  # not even on an empty GPU
+    ]
+    print(f"\n{'query':<46} {'total GiB':>9} {'avail GiB':>9} {'fits':>5} {'unload':>6} {'after':>5}  would_unload")
+    for query, fits, needs_unload, would_unload, after in cases:
+        status, body = await _fit(url, query)
+        assert status == 200
+        total, available = body["total_bytes"], body["vram_available_bytes"]
+        assert isinstance(total, int) and isinstance(available, int)
+        unload = body["would_unload"]
+        assert isinstance(unload, list)
+        names = [entry["model"] for entry in unload]
+        print(f"{query:<46} {total / GIB:>9.2f} {available / GIB:>9.2f} {body['fits']!s:>5} "
+              f"{body['needs_unload']!s:>6} {body['fits_after_unload']!s:>5}  {names}")
+        assert (body["fits"], body["needs_unload"], names, body["fits_after_unload"]) == (
+            fits, needs_unload, would_unload, after), query
+        if needs_unload:
+            assert unload[0]["size_vram_bytes"] > 13 * GIB and total <= available + unload[0]["size_vram_bytes"]
+        if not after:
+            warnings = body["warnings"]
+            assert isinstance(warnings, list) and any("even after unloading" in str(w) for w in warnings)

@@ -1,0 +1,86 @@
+"""The GPU ledger, live: read each backend's VRAM source and resident models, build its budget, render it.
+
+``refresh_gpus`` reads every backend that has a ``vram`` source (cached readings, ``vram_refresh_s``) and, for
+Ollama, /api/ps, and keeps the budgets in a ``GpuBoard``; it never raises, a backend it cannot read gets its reason.
+``gpu_rows`` renders the board for ``/kvgate/status``; the metrics read the same board.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from gateway.admission.gpu_ledger import (
+    GpuBoard,
+    GpuBudget,
+    GpuEntry,
+    LoadReservations,
+    ResidentModel,
+    build_budget,
+    reported_resident,
+)
+from gateway.backends import Backend, BackendRegistry
+from gateway.backends.prober import ProbeError
+from gateway.backends.probes import BackendProbes
+from gateway.domain import BackendKind
+from gateway.memory.vram import VramUnavailable
+from gateway.text import safe_text
+
+log = logging.getLogger(__name__)
+
+
+async def refresh_gpus(
+    registry: BackendRegistry, probes: BackendProbes, reservations: LoadReservations, board: GpuBoard
+) -> None:
+    backends = registry.backends
+    entries = await asyncio.gather(*(_entry(b, probes, reservations) for b in backends))
+    for backend, entry in zip(backends, entries, strict=True):
+        if entry is not None:
+            board.put(backend.name, entry)
+
+
+async def _entry(backend: Backend, probes: BackendProbes, reservations: LoadReservations) -> GpuEntry | None:
+    """None for a backend with no ``vram`` source."""
+    try:
+        reading = await probes.vram(backend)
+    except VramUnavailable as exc:
+        log.warning("GPU ledger: no VRAM reading for %s: %s", backend.describe(), exc)
+        return GpuEntry(None, f"no VRAM reading: {exc}")
+    if reading is None:
+        return None
+    residents: list[ResidentModel] = []
+    problem = None
+    if backend.kind is BackendKind.OLLAMA:
+        try:
+            residents = [reported_resident(loaded) for loaded in await probes.loaded_models(backend)]
+        except ProbeError as exc:
+            problem = f"resident models unknown (/api/ps: {exc}); their bytes count as other processes"
+    return GpuEntry(build_budget(backend.name, reading, residents, reservations.reserved_bytes(backend.name)),
+                    problem)
+
+
+def gpu_rows(board: GpuBoard) -> list[dict[str, Any]]:
+    """One JSON row per backend with a VRAM source; every name is safe text."""
+    return [_row(name, entry) for name, entry in sorted(board.entries().items())]
+
+
+def _row(backend: str, entry: GpuEntry) -> dict[str, Any]:
+    row: dict[str, Any] = {"backend": safe_text(backend), "problem": entry.problem and safe_text(entry.problem)}
+    budget = entry.budget
+    if budget is not None:
+        row.update(_budget_json(budget))
+    return row
+
+
+def _budget_json(budget: GpuBudget) -> dict[str, Any]:
+    return {
+        "source": safe_text(budget.source), "devices": budget.devices, "total_bytes": budget.total_bytes,
+        "used_bytes": budget.used_bytes,
+        "models": [{"name": safe_text(m.name), "resident_bytes": m.resident_bytes, "source": str(m.source),
+                    "weights_bytes": m.weights_bytes, "kv_bytes": m.kv_bytes, "compute_bytes": m.compute_bytes}
+                   for m in budget.residents],
+        "resident_bytes": budget.resident_bytes, "other_processes_bytes": budget.other_processes_bytes,
+        "reserved_bytes": budget.reserved_bytes, "free_bytes": budget.free_bytes,
+        "overcommitted": budget.overcommitted,
+    }
