@@ -19,7 +19,8 @@ from gateway.backends.prober import ProbeError
 from gateway.backends.probes import BackendProbes, local_profile
 from gateway.domain import BackendKind, Dialect
 from gateway.errors import BackendUnavailable, BadRequest, GatewayError
-from gateway.memory.estimate import estimate, parse_fit_params
+from gateway.memory.estimate import estimate, parse_fit_params, ram_check
+from gateway.memory.host_ram import read_host_ram
 from gateway.memory.load_cost import Calibration
 from gateway.memory.profile import ModelProfile
 from gateway.memory.residency import (
@@ -100,7 +101,11 @@ async def _fit(request: web.Request, registry: BackendRegistry, probes: BackendP
     body["calibrated_from"] = calibration.source if calibration else None
     body["backend"] = backend.name
     body["vram_source"] = reading.source if reading else None
-    for warning in [*residency_warnings(resident, plan), *([vram_warning] if vram_warning else [])]:
+    ram = ram_check(result, read_host_ram)
+    body.update(ram.to_json())
+    ram_warning = ram.warning()
+    for warning in [*residency_warnings(resident, plan), *([vram_warning] if vram_warning else []),
+                    *([ram_warning] if ram_warning else [])]:
         body.setdefault("warnings", []).append(warning)
     return web.json_response(body)
 

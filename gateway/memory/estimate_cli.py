@@ -21,11 +21,12 @@ import orjson
 from gateway.backends.client import BackendClient
 from gateway.backends.prober import LlamaServerProber, OllamaProber, ProbeError, detect_backend
 from gateway.domain import BackendKind
-from gateway.memory.estimate import Estimate, estimate
+from gateway.memory.estimate import Estimate, RamCheck, estimate, ram_check
+from gateway.memory.host_ram import read_host_ram
 from gateway.memory.kv import ALLOWED_CACHE_TYPES, CacheType, ShapeError, parse_cache_type
 from gateway.memory.presets import find_preset, preset_names, preset_profile
 from gateway.memory.profile import ModelProfile
-from gateway.memory.render import render_table
+from gateway.memory.render import format_bytes, render_table
 from gateway.memory.residency import (
     Residency,
     calibration_for,
@@ -153,15 +154,31 @@ def _default_context(profile: ModelProfile) -> int:
     return min(DEFAULT_CONTEXT_TOKENS, profile.shape.n_ctx_train or DEFAULT_CONTEXT_TOKENS)
 
 
+def ram_line(check: RamCheck) -> str | None:
+    """The system-RAM line printed when the load offloads to the CPU (None when nothing spills)."""
+    spill = check.offload
+    if spill is None or not spill.offloaded:
+        return None
+    available = format_bytes(check.host.available_bytes) if check.host else "unknown"
+    verdict = check.verdict.value if check.verdict else "unknown"
+    return (f"system RAM: {format_bytes(spill.ram_bytes)} for {spill.cpu_layers} of {spill.n_layers} layers "
+            f"offloaded to the CPU, {available} available: {verdict} ({check.note})")
+
+
 def _print(result: Estimate, resident: Residency | None, as_json: bool, out: TextIO) -> None:
     plan = plan_unload(resident, result) if resident else None
+    ram = ram_check(result, read_host_ram)
+    ram_warning = ram.warning()
     if as_json:
         body = result.to_json()
         body.update(residency_json(resident, plan))
-        body["warnings"] += residency_warnings(resident, plan)
+        body.update(ram.to_json())
+        body["warnings"] += [*residency_warnings(resident, plan), *([ram_warning] if ram_warning else [])]
         out.write(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        out.write("\n".join([render_table(result), *residency_lines(resident, plan)]) + "\n")
+        line = ram_line(ram)
+        out.write("\n".join([render_table(result), *residency_lines(resident, plan), *([line] if line else [])])
+                  + "\n")
 
 
 async def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -184,3 +184,24 @@ async def test_fit_says_whether_a_load_needs_an_unload_first(sim_with_llama_load
         if not after:
             warnings = body["warnings"]
             assert isinstance(warnings, list) and any("even after unloading" in str(w) for w in warnings)
+
+
+async def test_fit_states_the_system_ram_a_partial_offload_needs(gateway: str) -> None:
+    from gateway.memory.host_ram import HostRam, ram_verdict
+
+    status, body = await _fit(gateway, "model=llama3.1:8b&context=131072&parallel=2")  # ~37 GiB on a 24 GiB GPU
+    assert status == 200 and body["fits"] is False
+    ram, available, swap_free = body["ram_bytes"], body["ram_available_bytes"], body["ram_swap_free_bytes"]
+    weights, kv = body["weights_bytes"], body["kv_bytes"]
+    gpu_layers, cpu_layers = body["gpu_layers"], body["cpu_layers"]
+    assert isinstance(ram, int) and isinstance(available, int) and isinstance(swap_free, int)
+    assert isinstance(weights, int) and isinstance(kv, int)
+    assert isinstance(gpu_layers, int) and isinstance(cpu_layers, int) and gpu_layers + cpu_layers == 32
+    assert 0 < cpu_layers < 32 and abs(ram - (weights + kv) * cpu_layers / 32) <= 1
+    host = HostRam(total_bytes=0, available_bytes=available, swap_total_bytes=0, swap_free_bytes=swap_free)
+    assert body["ram_verdict"] == ram_verdict(ram, host).value
+    assert "kvgate host" in str(body["ram_note"]) and "same host" in str(body["ram_note"])
+    for key in ("kv_bytes_per_token", "total_bytes", "max_context", "vram_available_bytes", "backend"):
+        assert key in body, key  # the existing fields stay
+    _, small = await _fit(gateway, "model=llama3.1:8b&context=8192")
+    assert small["ram_bytes"] == 0 and "ram_verdict" not in small

@@ -6,6 +6,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.fake_backend import FakeLLM, running
@@ -96,3 +97,58 @@ async def test_an_unreadable_gpu_shows_its_reason_and_never_fails_the_page() -> 
         gauges = await _gauges(url)
         assert ("kvgate_gpu_total_bytes", (("backend", "static"),)) in gauges
         assert ("kvgate_gpu_total_bytes", (("backend", "down"),)) not in gauges
+
+
+@pytest.mark.parametrize(("sim_changes", "backend_changes"), [
+    ({}, {}),  # -c 4096, -np auto: four slots on one unified pool (kvgate's default reading of /props)
+    ({"n_parallel": 2}, {"unified_kv": False}),  # -c 4096 -np 2: two split slots of 2048 cells
+], ids=["unified", "split"])
+async def test_a_llama_servers_model_shows_as_estimated_beside_a_foreign_process(
+    sim_changes: dict[str, Any], backend_changes: dict[str, Any]
+) -> None:
+    from kvsim.config import SimConfig
+    from kvsim.gpu.exporter import EXPORTER_PATH
+    from kvsim.runner import start_sim
+
+    config = SimConfig(mode="llama-server", server_model="phi3:mini", ctx_size=4096, **sim_changes)
+    runner, sim = await start_sim(config)
+    backend = {"name": "cpp", "kind": "llama-server", "url": sim, "vram": sim + EXPORTER_PATH,
+               "vram_refresh_s": 0.01, **backend_changes}
+    try:
+        async with running_gateway([backend]) as url:
+            await _post(sim, "/sim/processes", {"name": "trainer", "bytes": 3 * GIB})
+            simulated = orjson.loads((await _get(sim, "/sim/gpu"))[1])
+            server_bytes = next(p["used_bytes"] for p in simulated["processes"] if not p["foreign"])
+
+            async def settled() -> dict[str, Any] | None:  # once the cached reading shows the trainer
+                status, body = await _get(url, "/kvgate/status")
+                assert status == 200
+                gpu: dict[str, Any] = orjson.loads(body)["gpus"][0]
+                return gpu if gpu["used_bytes"] == simulated["devices"][0]["used_bytes"] else None
+
+            gpu = await until(settled)
+            assert gpu["backend"] == "cpp" and gpu["source"] == "exporter" and gpu["problem"] is None
+            [model] = gpu["models"]
+            print(f"simulator: {server_bytes} bytes; kvgate's estimate: {model['resident_bytes']} bytes "
+                  f"(weights {model['weights_bytes']}, KV {model['kv_bytes']}, compute {model['compute_bytes']})")
+            assert (model["name"], model["source"]) == ("phi3:mini", "estimated")
+            assert abs(model["resident_bytes"] - server_bytes) <= 0.1 * server_bytes
+            assert model["weights_bytes"] + model["kv_bytes"] + model["compute_bytes"] <= model["resident_bytes"]
+            assert gpu["resident_bytes"] == model["resident_bytes"]
+            assert gpu["other_processes_bytes"] == gpu["used_bytes"] - model["resident_bytes"]
+            assert abs(gpu["other_processes_bytes"] - 3 * GIB) <= 0.1 * server_bytes  # the trainer, give or take
+            assert gpu["free_bytes"] == gpu["total_bytes"] - gpu["used_bytes"]
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_llama_servers_model_of_unknown_size_is_left_out_with_the_reason() -> None:
+    async with running(FakeLLM()) as fake, running_gateway([
+        {"name": "cpp", "kind": "llama-server", "url": fake.url, "vram": "24GiB"},  # no shape: no GGUF, no preset
+    ]) as url:
+        status, body = await _get(url, "/kvgate/status")
+        assert status == 200
+        [gpu] = orjson.loads(body)["gpus"]
+        print(gpu["problem"])
+        assert gpu["problem"].startswith("model size unknown: fake.gguf: ")
+        assert gpu["models"] == [] and gpu["total_bytes"] == 24 * GIB and gpu["free_bytes"] == 24 * GIB
