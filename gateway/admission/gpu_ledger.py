@@ -17,7 +17,9 @@ reading may not show yet, make one ``GpuBudget``:
   exceed total (a foreign process took memory behind the server's back, or reservations outran the GPU).
 
 ``fits_load`` answers the question a load admission asks: does ``load_bytes`` fit now, beside ``headroom_bytes`` kept
-free, or after unloading some idle models (in the order given), or not at all, with the numbers. ``LoadReservations``
+free, or after unloading some idle models (in the order given), or not at all, with the numbers. It is ``plan_load``
+over the budget; ``plan_load`` (available bytes, ordered (name, bytes) candidates, an optional cap) is the one fit
+decision, also behind /kvgate/fit and `kvgate estimate` (``gateway.memory.residency.plan_unload``). ``LoadReservations``
 records loads in flight per backend; each is released exactly once, like ``ledger.Reservation``.
 
 Pure: no I/O, no clock, no logging; the app reads the sources and keeps the last budget per backend in a
@@ -132,29 +134,45 @@ class LoadFit:
     short_by_bytes: int = 0
 
 
+def plan_load(
+    available_bytes: int, load_bytes: int, candidates: Sequence[tuple[str, int]], headroom_bytes: int = 0,
+    cap_bytes: int | None = None,
+) -> LoadFit:
+    """The one fit decision: whether ``load_bytes`` fits in ``available_bytes`` with ``headroom_bytes`` left free,
+    now or after unloading a prefix of ``candidates`` ((name, bytes) in the order to unload them, taken as given),
+    or not at all. The room after freeing ``freed`` bytes is ``min(available + freed, cap_bytes) - headroom``
+    (no cap when ``cap_bytes`` is None), so unloading never makes more room than the cap."""
+    if load_bytes < 0 or headroom_bytes < 0:
+        raise ValueError(f"load is {load_bytes} bytes and headroom {headroom_bytes}; neither can be negative")
+
+    def room(freed: int) -> int:
+        total = available_bytes + freed
+        return (total if cap_bytes is None else min(total, cap_bytes)) - headroom_bytes
+
+    available = room(0)
+    if load_bytes <= available:
+        return LoadFit(FitVerdict.FITS, load_bytes, headroom_bytes, available)
+    unload: list[str] = []
+    freed = 0
+    for name, size in candidates:
+        unload.append(name)
+        freed += size
+        if load_bytes <= room(freed):
+            return LoadFit(FitVerdict.FITS_AFTER_UNLOADING, load_bytes, headroom_bytes, available, tuple(unload),
+                           freed)
+    return LoadFit(FitVerdict.DOES_NOT_FIT, load_bytes, headroom_bytes, available,
+                   short_by_bytes=load_bytes - room(freed))
+
+
 def fits_load(
     budget: GpuBudget, load_bytes: int, headroom_bytes: int, idle_models: Sequence[str] = ()
 ) -> LoadFit:
     """Whether a load of ``load_bytes`` fits with ``headroom_bytes`` left free: now, after unloading a prefix of
-    ``idle_models`` (names of resident models, in the order to unload them; others are ignored), or not at all."""
-    if load_bytes < 0 or headroom_bytes < 0:
-        raise ValueError(f"load is {load_bytes} bytes and headroom {headroom_bytes}; neither can be negative")
-    available = budget.available_bytes - headroom_bytes
-    if load_bytes <= available:
-        return LoadFit(FitVerdict.FITS, load_bytes, headroom_bytes, available)
+    ``idle_models`` (names of resident models, in the order to unload them; others and repeats are ignored), or not
+    at all: ``plan_load`` with the budget's numbers."""
     sizes = {model.name: model.resident_bytes for model in budget.residents}
-    unload: list[str] = []
-    freed = 0
-    for name in dict.fromkeys(idle_models):
-        if name not in sizes:
-            continue
-        unload.append(name)
-        freed += sizes[name]
-        if load_bytes <= available + freed:
-            return LoadFit(FitVerdict.FITS_AFTER_UNLOADING, load_bytes, headroom_bytes, available, tuple(unload),
-                           freed)
-    return LoadFit(FitVerdict.DOES_NOT_FIT, load_bytes, headroom_bytes, available,
-                   short_by_bytes=load_bytes - available - freed)
+    candidates = [(name, sizes[name]) for name in dict.fromkeys(idle_models) if name in sizes]
+    return plan_load(budget.available_bytes, load_bytes, candidates, headroom_bytes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,7 +127,14 @@ def available_bytes(free_bytes: int | None, resident_bytes: int, total_bytes: in
     if free_bytes is None:
         return None
     available = free_bytes + resident_bytes
-    return available if total_bytes is None else min(available, max(total_bytes, free_bytes))
+    cap = available_cap_bytes(free_bytes, total_bytes)
+    return available if cap is None else min(available, cap)
+
+
+def available_cap_bytes(free_bytes: int, total_bytes: int | None) -> int | None:
+    """The most ``available_bytes`` can be, whatever is resident: the GPU's total (or the free reading, when that is
+    larger); None without a total."""
+    return None if total_bytes is None else max(total_bytes, free_bytes)
 
 
 def _largest(lo: int, hi: int, fits: Any) -> int:

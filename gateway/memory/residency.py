@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.admission.gpu_ledger import FitVerdict, plan_load
 from gateway.backends.client import same_model
-from gateway.memory.estimate import Estimate, available_bytes
+from gateway.memory.estimate import Estimate, available_cap_bytes
 from gateway.memory.kv import CacheType
 from gateway.memory.load_cost import Calibration, calibrate_from_ps, estimate_load_cost
 from gateway.memory.profile import ModelProfile
@@ -56,21 +57,19 @@ def residency(model: str, loaded: Sequence[LoadedModel]) -> Residency:
 
 
 def plan_unload(resident: Residency, result: Estimate) -> UnloadPlan | None:
-    """Whether ``result`` fits now, or after unloading which other models; None without a VRAM reading."""
-    available = result.available_bytes
-    if available is None:
+    """Whether ``result`` fits now, or after unloading which other models; None without a VRAM reading.
+    ``gpu_ledger.plan_load`` decides: the others soonest to expire first, the room capped like ``available_bytes``."""
+    free = result.vram_free_bytes
+    if free is None:
         return None
-    needed = result.total_bytes
-    if needed <= available:
+    order = tuple(reversed(resident.others))
+    fit = plan_load(free + result.vram_resident_bytes, result.total_bytes,
+                    [(other.name, other.size_vram_bytes) for other in order],
+                    cap_bytes=available_cap_bytes(free, result.vram_total_bytes))
+    if fit.verdict is FitVerdict.FITS:
         return UnloadPlan(fits_now=True, fits_after_unload=True, would_unload=())
-    freed = 0
-    chosen: list[LoadedModel] = []
-    for other in reversed(resident.others):
-        chosen.append(other)
-        freed += other.size_vram_bytes
-        room = available_bytes(result.vram_free_bytes, result.vram_resident_bytes + freed, result.vram_total_bytes)
-        if room is not None and needed <= room:
-            return UnloadPlan(fits_now=False, fits_after_unload=True, would_unload=tuple(chosen))
+    if fit.verdict is FitVerdict.FITS_AFTER_UNLOADING:
+        return UnloadPlan(fits_now=False, fits_after_unload=True, would_unload=order[:len(fit.unload)])
     return UnloadPlan(fits_now=False, fits_after_unload=False, would_unload=())
 
 

@@ -16,6 +16,7 @@ from gateway.admission.gpu_ledger import (
     build_budget,
     estimated_resident,
     fits_load,
+    plan_load,
     reported_resident,
 )
 from gateway.memory.load_cost import estimate_load_cost
@@ -135,6 +136,28 @@ def test_an_overcommitted_gpu_fits_nothing_without_unloading() -> None:
 def test_fits_load_refuses_negative_sizes(load: int, headroom: int) -> None:
     with pytest.raises(ValueError, match="neither can be negative"):
         fits_load(BUSY, load, headroom)
+
+
+PLAN_CASES = [
+    # available, load, candidates (name, GiB), headroom, cap -> verdict, available after headroom/cap, unload, freed,
+    # short by (GiB)
+    pytest.param(10, 13, [("a", 1), ("b", 2), ("c", 4)], 1, None,
+                 FitVerdict.FITS_AFTER_UNLOADING, 9, ("a", "b", "c"), 7, 0, id="headroom-unloads-in-order"),
+    pytest.param(20, 22, [("a", 4)], 0, 24, FitVerdict.FITS_AFTER_UNLOADING, 20, ("a",), 4, 0, id="under-the-cap"),
+    pytest.param(30, 25, [("a", 4), ("b", 4)], 0, 24, FitVerdict.DOES_NOT_FIT, 24, (), 0, 1,
+                 id="cap-bounds-room-and-unloading"),
+]
+
+
+@pytest.mark.parametrize(("available", "load", "candidates", "headroom", "cap", "verdict", "room", "unload", "freed",
+                          "short"), PLAN_CASES)
+def test_plan_load(
+    available: int, load: int, candidates: list[tuple[str, int]], headroom: int, cap: int | None,
+    verdict: FitVerdict, room: int, unload: tuple[str, ...], freed: int, short: int,
+) -> None:
+    fit = plan_load(available * GIB, load * GIB, [(n, g * GIB) for n, g in candidates], headroom * GIB,
+                    None if cap is None else cap * GIB)
+    assert fit == LoadFit(verdict, load * GIB, headroom * GIB, room * GIB, unload, freed * GIB, short * GIB)
 
 
 def test_load_reservations_release_exactly_once_per_backend() -> None:
