@@ -43,6 +43,7 @@ class Upstream:
         self.bodies: list[bytes] = []
         self.hold = asyncio.Event()
         self.drops = 0
+        self.peers: list[tuple[str, int]] = []
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -64,6 +65,8 @@ class Upstream:
 
     async def json(self, request: web.Request) -> web.Response:
         self.headers.append(dict(request.headers))
+        assert request.transport is not None
+        self.peers.append(request.transport.get_extra_info("peername"))
         self.bodies.append(await request.read())
         return web.json_response({"ok": True, "method": request.method})
 
@@ -131,6 +134,23 @@ async def test_every_call_carries_the_key_and_the_host() -> None:
     assert upstream.headers[3]["X-Other"] == "y"
     assert [orjson.loads(body) for body in upstream.bodies if body] == [{"n": 1}, {"n": 2}, {"n": 3}]
     assert KEY not in repr(client)
+
+
+async def test_a_json_call_closes_its_connection_and_the_proxy_keeps_its_own() -> None:
+    """llama-server gives every open connection a thread until it has been idle 5 s: a JSON call (a count, a probe)
+    does not leave its connection open, while the proxy's connections are pooled and reused."""
+    upstream = Upstream()
+    async with client_for(upstream) as client:
+        for _ in range(3):
+            await client.post_json("/json", {"n": 1})
+        for _ in range(3):
+            response = await client.open("POST", "/json", {}, b"{}")
+            await response.read()
+            response.release()
+    assert [seen["Connection"] for seen in upstream.headers[:3]] == ["close"] * 3
+    assert all("Connection" not in seen or seen["Connection"] == "keep-alive" for seen in upstream.headers[3:])
+    assert len(set(upstream.peers[:3])) == 3  # a new connection each time
+    assert len(set(upstream.peers[3:])) == 1  # one pooled connection, reused
 
 
 async def test_without_a_key_no_authorization_is_added() -> None:
