@@ -19,6 +19,7 @@ from gateway import dialects, targets
 from gateway.admission import Ledger, WaitingRoom
 from gateway.admission.admit import Admitter
 from gateway.admission.gpu_ledger import GpuBoard, LoadReservations
+from gateway.admission.loads import LoadGate
 from gateway.admission.pools import PoolDirectory, unadmitted_reason
 from gateway.admission.tenants import TenantDirectory
 from gateway.api import kvgate as kvgate_api
@@ -53,6 +54,7 @@ GPU_REFRESHES = web.AppKey("gpu_refreshes", SingleFlight[str, None])
 STATUS_GPU_WAIT_S = 1.0
 """How long a /kvgate/status read waits for fresh GPU readings before it shows the last ones."""
 LOAD_RESERVATIONS = web.AppKey("load_reservations", LoadReservations)
+LOADS = web.AppKey("loads", LoadGate)
 
 SessionFactory = Callable[[], aiohttp.ClientSession]
 
@@ -105,14 +107,16 @@ def create_app(
         app[REGISTRY] = registry
         app[PROMPT_COUNTER] = PromptCounter(settings)
         app[PROBES] = BackendProbes(session, vram_sources)
-        pools = PoolDirectory(settings, app[PROBES])
+        room = WaitingRoom(Ledger())
+        loads = LoadGate(settings, app[PROBES], room, app[LOAD_RESERVATIONS], clock=clock)
+        app[LOADS] = loads
+        pools = PoolDirectory(settings, app[PROBES], loads=loads)
         for backend in registry.backends:
             reason = unadmitted_reason(backend) if settings.admission.enabled else "admission is off"
             if reason is not None:
                 log.warning("%s", reason)
         checks = asyncio.gather(*(pools.check_configured(backend) for backend in registry.backends))
-        room = WaitingRoom(Ledger())
-        app[ADMITTER] = Admitter(settings.admission, pools, room)
+        app[ADMITTER] = Admitter(settings.admission, pools, room, loads)
         metrics.watch_pools(room, pools.known)
         app[POOLS] = pools
         app[PROXY] = Proxy(settings, registry, app[PROMPT_COUNTER], app[ADMITTER], metrics, tenants)

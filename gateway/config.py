@@ -108,6 +108,9 @@ class BackendSettings(_Strict):
         "'24GiB'"
     )
     vram_refresh_s: float = Field(default=2.0, gt=0)
+    max_loaded_models: int | None = Field(
+        default=None, ge=1, description="Ollama: its OLLAMA_MAX_LOADED_MODELS; unset: Ollama's default, 3 per GPU",
+    )
 
     @field_validator("cache_type_k", "cache_type_v", mode="before")
     @classmethod
@@ -214,6 +217,10 @@ class ModelSettings(_Strict):
     tokenizer_json: Path | None = Field(default=None, description="a Hugging Face tokenizer.json for the model")
     chat_template: str | None = Field(default=None, description="template family: llama3.1, llama3 or chatml")
     image_tokens: int | None = Field(default=None, ge=0, description="tokens one image costs (Ollama: 768)")
+    pin: bool = Field(default=False, description="Ollama: never unload this model to make room for another")
+    priority: int = Field(
+        default=0, description="Ollama: a model is unloaded for another only if its priority is not higher",
+    )
 
     @field_validator("gguf_path", "tokenizer_json")
     @classmethod
@@ -288,6 +295,25 @@ class AdmissionConfig(_Strict):
     )
 
 
+class ResidencyConfig(_Strict):
+    """Load admission on Ollama backends with a ``vram`` source (gateway/admission/loads.py): a model loads only when
+    it fits the GPU, idle models are unloaded to make room, least recently used first."""
+
+    enabled: bool = True
+    headroom_bytes: ByteSize = Field(
+        default=ByteSize(512 * 1024 * 1024), ge=0, description="GPU memory every load leaves free",
+    )
+    min_context_tokens: int = Field(
+        default=2048, ge=256, description="the floor a model's context is lowered to when the asked one doesn't fit",
+    )
+    min_resident_s: float = Field(
+        default=30.0, ge=0, description="a model loaded more recently than this is not unloaded for another",
+    )
+    load_wait_s: float = Field(
+        default=30.0, gt=0, description="how long a load waits for room (models in use, hysteresis) before a 503",
+    )
+
+
 class Settings(BaseSettings):
     """All of kvgate's configuration."""
 
@@ -301,6 +327,7 @@ class Settings(BaseSettings):
     models_refresh_s: float = Field(default=30.0, gt=0)
     counting: CountingConfig = CountingConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    residency: ResidencyConfig = ResidencyConfig()
     tenants: dict[str, TenantSettings] = Field(default_factory=dict, description="API key -> tenant, with caps")
     models: dict[str, ModelSettings] = Field(default_factory=dict, description="per-model settings, by name")
 

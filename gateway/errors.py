@@ -11,6 +11,7 @@
     ├── UnsupportedMediaType     415  the body has a Content-Encoding kvgate does not decode
     ├── ServerBusy               503  kvgate holds all the request-body bytes it may (with Retry-After)
     ├── BackendNotReady          503  the backend's KV pool can't be learned right now (with Retry-After)
+    ├── LoadRefused              503  a model load would overrun GPU memory and waiting won't help (Retry-After)
     ├── BackendUnavailable       502  the backend refused the connection or broke it before answering
     ├── BackendTimeout           504  the backend did not answer (or stalled) within a configured timeout
     └── InternalError            500  a bug in kvgate; logged with a traceback, rendered without one
@@ -98,6 +99,18 @@ class BackendNotReady(GatewayError):
 
     status = 503
     code = "backend_not_ready"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class LoadRefused(GatewayError):
+    """Raised when a model can't be loaded without overrunning GPU memory and waiting won't make room; the message
+    names the model, the bytes it needs and the bytes free."""
+
+    status = 503
+    code = "gpu_memory_exhausted"
 
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)

@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway import dialects
 from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, Rewrites, WaitingRoom
+from gateway.admission.loads import LoadGate
 from gateway.admission.outcome import AdmissionOutcome, Admitted, Reserved, Trim
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
 from gateway.admission.pools import PoolDirectory
@@ -78,11 +79,14 @@ def _output_cap(parsed: ParsedRequest, tenant: Tenant) -> tuple[int | None, bool
 
 
 class Admitter:
-    def __init__(self, config: AdmissionConfig, pools: PoolDirectory, room: WaitingRoom) -> None:
+    def __init__(
+        self, config: AdmissionConfig, pools: PoolDirectory, room: WaitingRoom, loads: LoadGate | None = None
+    ) -> None:
         self._config = config
         self._policy = policy_from(config)
         self._pools = pools
         self.room = room
+        self._loads = loads
 
     async def pool_for(self, backend: Backend, model: str | None) -> PoolSpec | None:
         """The pool a KV-allocating request lands in; None when admission is off or the backend is forwarded
@@ -150,10 +154,14 @@ class Admitter:
             permit.release()
             raise
         admit = permit.admit
+        if self._loads is not None:
+            self._loads.touch(pool.backend, pool.model)
+        lowered = self._pools.lowered_for(pool)
         outcome = replace(
             outcome, recount=fitted.recount or outcome.recount, rewrites=tuple(changes), trim=fitted.trim,
             waited_s=permit.waited_s, reserved=Reserved(pool.key, admit.reserve_tokens, admit.sequences),
             notes=(*self._pools.notes_for(pool), *admit.notes),
+            context_lowered=None if lowered is None else (lowered.asked_tokens, lowered.loaded_tokens),
         )
         return Admitted(forwarded, outcome, permit)
 

@@ -26,6 +26,7 @@ TRIMMED_HEADER = "X-Kvgate-Trimmed"
 RESERVED_TOKENS_HEADER = "X-Kvgate-Reserved-Tokens"
 QUEUE_WAIT_HEADER = "X-Kvgate-Queue-Wait"
 REWRITE_HEADER = "X-Kvgate-Rewrite"
+CONTEXT_LOWERED_HEADER = "X-Kvgate-Context-Lowered"
 
 
 class AdmissionDecision(StrEnum):
@@ -76,6 +77,8 @@ class AdmissionOutcome:
     waited_s: float = 0.0
     reserved: Reserved | None = None
     notes: tuple[str, ...] = ()
+    context_lowered: tuple[int, int] | None = None
+    """(asked, loaded): kvgate loaded the model at a smaller context than asked, to fit GPU memory."""
 
     @property
     def decision(self) -> AdmissionDecision:
@@ -130,6 +133,9 @@ def response_headers(outcome: AdmissionOutcome) -> dict[str, str]:
         headers[QUEUE_WAIT_HEADER] = f"{outcome.waited_s:.3f}"
     if outcome.rewrites:
         headers[REWRITE_HEADER] = "; ".join(outcome.rewrites)
+    if outcome.context_lowered is not None:
+        asked, loaded = outcome.context_lowered
+        headers[CONTEXT_LOWERED_HEADER] = f"{loaded} (asked {asked}; GPU memory)"
     return headers
 
 
@@ -145,6 +151,8 @@ def log_fields(outcome: AdmissionOutcome) -> dict[str, object]:
         fields["queue_wait_s"] = round(outcome.waited_s, 3)
     if outcome.trim is not None:
         fields["trimmed_messages"] = outcome.trim.dropped_messages
+    if outcome.context_lowered is not None:
+        fields["context_lowered_from"], fields["context_tokens"] = outcome.context_lowered
     return fields
 
 

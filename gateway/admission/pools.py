@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 from gateway.admission import PoolSpec
+from gateway.admission.loads import LoadGate, Lowered, lowered_of
 from gateway.backends import Backend
 from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
@@ -97,9 +98,12 @@ class PoolDirectory:
         probes: BackendProbes,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        loads: LoadGate | None = None,
     ) -> None:
         self._settings = settings
         self._probes = probes
+        self._loads = loads
+        self._lowered: dict[PoolId, Lowered] = {}
         self._clock = clock
         self._sleep = sleep
         self._cache: dict[PoolId, tuple[float, PoolSpec]] = {}
@@ -220,9 +224,24 @@ class PoolDirectory:
                                    slots=settings.parallel or 1)
 
     async def _load(self, backend: Backend, model: str) -> int | None:
-        """Load the model as any client would (Ollama's load request), then read its context from /api/ps."""
+        """Load the model as any client would (Ollama's load request), then read its context from /api/ps. With
+        load admission (``LoadGate``), the load waits for GPU memory, unloads idle models, or loads at a lowered
+        context; a load that can't fit raises LoadRefused (503)."""
+        pool_id = (backend.name, model)
         try:
-            await self._probes.load_model(backend, model, backend.settings.context_tokens)
+            if self._loads is not None and self._loads.applies(backend):
+                decision = await self._loads.load(backend, model)
+                for name in () if decision is None else decision.unload:
+                    self._stale.add((backend.name, name))
+                lowered = lowered_of(decision)
+                if lowered is None:
+                    self._lowered.pop(pool_id, None)
+                else:
+                    self._lowered[pool_id] = lowered
+                if decision is None:
+                    await self._probes.load_model(backend, model, backend.settings.context_tokens)
+            else:
+                await self._probes.load_model(backend, model, backend.settings.context_tokens)
         except ProbeError as exc:
             log.warning("could not load model %r on %s to learn its context: %s", model, backend.describe(), exc)
             return None
@@ -319,6 +338,11 @@ class PoolDirectory:
         """What operators should know about how the pool's context was chosen (a fallback and its reason)."""
         note = self._context_notes.get((pool.backend, pool.model))
         return () if note is None else (note,)
+
+    def lowered_for(self, pool: PoolSpec) -> Lowered | None:
+        """The context kvgate lowered the pool's model to, to fit GPU memory, while it is loaded that way."""
+        lowered = self._lowered.get((pool.backend, pool.model))
+        return lowered if lowered is not None and lowered.loaded_tokens == pool.slot_ctx_tokens else None
 
     def known(self) -> dict[tuple[str, str], PoolSpec]:
         """Every pool probed so far, by (backend, model) (for metrics and the status page)."""

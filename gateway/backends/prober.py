@@ -114,6 +114,11 @@ class OllamaProber(_Prober):
             body["options"] = {"num_ctx": num_ctx}
         await self._call("POST", "/api/generate", body)
 
+    async def unload(self, model: str) -> None:
+        """Ollama's unload request (what `ollama stop` sends): keep_alive 0 and no prompt; the model goes now if idle,
+        else once its requests finish."""
+        await self._call("POST", "/api/generate", {"model": model, "keep_alive": 0, "stream": False})
+
     async def loaded(self, *, join_running: bool = False) -> list[LoadedModel]:
         """Every model /api/ps shows loaded, read anew; with ``join_running`` a read still in flight will do (requests
         asking together share one), else only reads started since this one was asked (a re-read after a load)."""

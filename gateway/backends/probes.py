@@ -68,6 +68,10 @@ class BackendProbes:
         """Ollama: load the model (an empty /api/generate), at ``num_ctx`` or at Ollama's own default."""
         await self._ollama_prober(backend).load(model, num_ctx)
 
+    async def unload_model(self, backend: Backend, model: str) -> None:
+        """Ollama: unload the model (keep_alive 0)."""
+        await self._ollama_prober(backend).unload(model)
+
     async def loaded_models(self, backend: Backend, *, join_running: bool = False) -> list[LoadedModel]:
         """Ollama: every model /api/ps shows loaded now; with ``join_running`` a read in flight will do."""
         return await self._ollama_prober(backend).loaded(join_running=join_running)
@@ -105,9 +109,14 @@ class BackendProbes:
         self._vram[backend.name] = source
         return source
 
-    async def vram(self, backend: Backend) -> VramReading | None:
+    async def vram(self, backend: Backend, *, taken_after_s: float | None = None) -> VramReading | None:
+        """The backend's VRAM reading (None without a ``vram`` setting); with ``taken_after_s``, one taken since."""
         source = self.vram_source(backend)
-        return None if source is None else await source.read()
+        if source is None:
+            return None
+        if isinstance(source, CachedVramSource):
+            return await source.read(taken_after_s=taken_after_s)
+        return await source.read()
 
 
 def local_profile(model: str) -> ModelProfile | None:

@@ -136,10 +136,13 @@ class CachedVramSource:
     def last(self) -> VramReading | None:
         return self._last
 
-    async def read(self) -> VramReading:
+    async def read(self, *, taken_after_s: float | None = None) -> VramReading:
+        """The last reading while it is fresh; with ``taken_after_s``, only one taken at or after that time (a reading
+        that shows what an unload gave back)."""
         async with self._lock:
             last = self._last
-            if last is not None and last.age_s(self._clock()) < self._refresh_s:
+            fresh = last is not None and last.age_s(self._clock()) < self._refresh_s
+            if last is not None and fresh and (taken_after_s is None or last.taken_at_s >= taken_after_s):
                 return last
             self._last = await self._inner.read()
             return self._last

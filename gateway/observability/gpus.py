@@ -2,95 +2,30 @@
 
 ``refresh_gpus`` reads every backend that has a ``vram`` source (cached readings, ``vram_refresh_s``) and its
 resident models, and keeps the budgets in a ``GpuBoard``; it never raises, a backend it cannot read gets its reason.
-Ollama reports its resident models (/api/ps ``size_vram``: "reported"). A llama-server has its one served model
-resident; its bytes are kvgate's own estimate ("estimated": weights + KV pool + compute buffers, ``load_cost``) from
-the model's profile and the slot layout of /props. A model whose size kvgate cannot derive is left out, its bytes
-count as other processes, and the row says why.
+What a budget holds and how it is read: ``gateway.admission.gpu_reading``.
 ``gpu_rows`` renders the board for ``/kvgate/status``; the metrics read the same board.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from pathlib import PurePath
 from typing import Any
 
-from gateway.admission.gpu_ledger import (
-    GpuBoard,
-    GpuBudget,
-    GpuEntry,
-    LoadReservations,
-    ResidentModel,
-    build_budget,
-    estimated_resident,
-    reported_resident,
-)
-from gateway.backends import Backend, BackendRegistry
-from gateway.backends.prober import ProbeError
+from gateway.admission.gpu_ledger import GpuBoard, GpuBudget, GpuEntry, LoadReservations
+from gateway.admission.gpu_reading import read_gpu_entry
+from gateway.backends import BackendRegistry
 from gateway.backends.probes import BackendProbes
-from gateway.domain import BackendKind
-from gateway.memory.load_cost import estimate_load_cost
-from gateway.memory.vram import VramUnavailable
 from gateway.text import safe_text
-
-log = logging.getLogger(__name__)
 
 
 async def refresh_gpus(
     registry: BackendRegistry, probes: BackendProbes, reservations: LoadReservations, board: GpuBoard
 ) -> None:
     backends = registry.backends
-    entries = await asyncio.gather(*(_entry(b, probes, reservations) for b in backends))
+    entries = await asyncio.gather(*(read_gpu_entry(b, probes, reservations) for b in backends))
     for backend, entry in zip(backends, entries, strict=True):
         if entry is not None:
             board.put(backend.name, entry)
-
-
-async def _entry(backend: Backend, probes: BackendProbes, reservations: LoadReservations) -> GpuEntry | None:
-    """None for a backend with no ``vram`` source."""
-    try:
-        reading = await probes.vram(backend)
-    except VramUnavailable as exc:
-        log.warning("GPU ledger: no VRAM reading for %s: %s", backend.describe(), exc)
-        return GpuEntry(None, f"no VRAM reading: {exc}")
-    if reading is None:
-        return None
-    residents: list[ResidentModel] = []
-    problem = None
-    if backend.kind is BackendKind.OLLAMA:
-        try:
-            residents = [reported_resident(loaded) for loaded in await probes.loaded_models(backend)]
-        except ProbeError as exc:
-            problem = f"resident models unknown (/api/ps: {exc}); their bytes count as other processes"
-    elif backend.kind is BackendKind.LLAMA_SERVER:
-        resident, problem = await _llama_server_resident(backend, probes)
-        residents = [] if resident is None else [resident]
-    return GpuEntry(build_budget(backend.name, reading, residents, reservations.reserved_bytes(backend.name)),
-                    problem)
-
-
-async def _llama_server_resident(
-    backend: Backend, probes: BackendProbes
-) -> tuple[ResidentModel | None, str | None]:
-    """The served model with kvgate's estimate of its load (weights + KV pool of /props' slots + compute), or why
-    its size is unknown. The pool layout follows the pool directory: split only when ``unified_kv`` is false."""
-    settings = backend.settings
-    name = backend.name
-    try:
-        props = await probes.llama_props(backend)
-        alias = props.model_alias if props.model_alias != props.model_path else ""  # the default alias is the path
-        name = alias or PurePath(props.model_path).name or backend.name
-        profile = await probes.profile(backend, alias or props.model_path)
-        cost = estimate_load_cost(
-            profile, context_tokens=profile.context_tokens or props.n_ctx_slot,
-            parallel=profile.parallel or props.total_slots or settings.parallel or 1,
-            type_k=settings.cache_type_k, type_v=settings.cache_type_v, unified=settings.unified_kv is not False,
-        )
-    except (ProbeError, LookupError, ValueError) as exc:
-        log.debug("GPU ledger: size of the model on %s unknown: %s", backend.describe(), exc)
-        return None, f"model size unknown: {name}: {exc}; its bytes count as other processes"
-    return estimated_resident(name, cost), None
 
 
 def gpu_rows(board: GpuBoard) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ import tokenizers
 from gateway.gguf import GgufFormatError, read_gguf_metadata
 from gateway.tokens.pretokenizers import PreTokenizerSpec, pre_tokenizer_spec
 from gateway.tokens.spm_merges import spm_merges
-from gateway.tokens.tokenizer_cache import TokenizerCache
+from gateway.tokens.tokenizer_cache import FileIdentity, TokenizerCache
 from gateway.tokens.vocab_attrs import apply_model_name_rules, special_tokens, token_attrs
 
 __all__ = [
@@ -67,15 +67,30 @@ def load_gguf_tokenizer(path: Path, *, cache_dir: Path | None = None) -> tokeniz
     """Read a GGUF file's tokenizer and convert it, once per vocabulary when `cache_dir` is given.
 
     The cache key is the digest of the file's key/value section, so copies and renames of a model share one
-    entry. UnsupportedTokenizer names the file and the reason.
+    entry. Computing it reads every string of the vocabulary, so the cache also remembers each file's key while the
+    file is unchanged (`TokenizerCache.file_key`): loading a cached tokenizer again does not read the GGUF file.
+    UnsupportedTokenizer names the file and the reason.
     """
+    cache = TokenizerCache(cache_dir) if cache_dir is not None else None
+    identity: FileIdentity | None = None
+    if cache is not None:
+        known = cache.file_key(path)
+        cached = cache.load(known) if known is not None else None
+        if cached is not None:
+            return cached
+        try:
+            identity = FileIdentity.of(path)  # before reading: a change made while it is read is never recorded
+        except OSError:
+            identity = None  # read_gguf_metadata reports it
     try:
         parsed = read_gguf_metadata(path)
     except (OSError, GgufFormatError) as exc:
         raise UnsupportedTokenizer(str(path), f"cannot read GGUF metadata: {exc}") from exc
-    return tokenizer_from_gguf_metadata(
-        parsed.values, model_name=str(path), cache_dir=cache_dir, cache_key=f"gguf-{parsed.kv_digest}"
-    )
+    key = f"gguf-{parsed.kv_digest}"
+    tokenizer = tokenizer_from_gguf_metadata(parsed.values, model_name=str(path), cache_dir=cache_dir, cache_key=key)
+    if cache is not None and identity is not None:
+        cache.remember_file_key(identity, key)
+    return tokenizer
 
 
 def tokenizer_from_gguf_metadata(

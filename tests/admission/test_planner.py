@@ -278,7 +278,7 @@ def test_an_admitted_sequence_always_fits_an_empty_pool() -> None:
     assert all(isinstance(d, Admit) for d in decisions)
 
 
-@pytest.mark.parametrize("module", ["types", "planner", "ledger", "outcome", "permit", "gpu_ledger"])
+@pytest.mark.parametrize("module", ["types", "planner", "ledger", "outcome", "permit", "gpu_ledger", "load_plan"])
 def test_pure_modules_import_no_event_loop_clock_or_logging(module: str) -> None:
     source = (Path(gateway.admission.__file__).parent / f"{module}.py").read_text()
     imported = {

@@ -73,6 +73,7 @@ def _is_ollama_error(body: bytes) -> bool:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
 async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
+    T0=time.monotonic()
     async with running(FakeLLM()) as fake:
         config = tmp_path / "kvgate.toml"
         config.write_text(
@@ -102,6 +103,7 @@ async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
                     log.append(line.decode(errors="replace"))
 
             drainer = asyncio.create_task(drain())
+            print('listening', time.monotonic()-T0)
             peak_mb = 0.0
             polling = True
 
@@ -123,6 +125,7 @@ async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
                         break
                     await asyncio.sleep(0.1)
                 assert counter == "gguf; exact"
+                print('tokenizer', time.monotonic()-T0)
                 await asyncio.sleep(0.5)
                 baseline_mb = _rss_mb(process.pid)
                 poller = asyncio.create_task(poll())
@@ -148,6 +151,7 @@ async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
                     if status == 400:
                         assert b"estimated" in body and b"context" in body
                 chats_peak_mb = peak_mb
+                print('chats', time.monotonic()-T0, peak_mb, baseline_mb)
 
                 # BODIES concurrent 30 MiB bodies: the body budget holds some, the others get 503 with Retry-After
                 blob = (b'{"model": "' + MODEL.encode() + b'", "stream": false, "messages": [{"role": "user", '
@@ -155,6 +159,7 @@ async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
                 results = await asyncio.gather(*(post("/api/chat", blob) for _ in range(BODIES)))
                 del blob
                 statuses = sorted(status for status, _, _ in results)
+                print('bodies', time.monotonic()-T0, peak_mb, statuses)
                 for status, body, retry_after in results:
                     assert status in (400, 503), (status, body[:200])
                     assert _is_ollama_error(body)
@@ -178,6 +183,7 @@ async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
 
                 await asyncio.gather(*(named(i) for i in range(NAMES)))
                 assert set(seen) <= {200, 404}, seen
+                print('names', time.monotonic()-T0, peak_mb)
                 async with http.get(f"{url}/kvgate/metrics") as response:
                     assert response.status == 200
                     assert "made-up-" not in await response.text()
@@ -185,6 +191,7 @@ async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
                     assert response.status == 200
                     assert response.headers["X-Kvgate-Counter"] == "gguf; exact"
 
+                print('small', time.monotonic()-T0)
                 polling = False
                 await poller
                 after_mb = _rss_mb(process.pid)
@@ -199,6 +206,7 @@ async def test_rss_stays_bounded_under_memory_attacks(tmp_path: Path) -> None:
                 assert peak_mb < baseline_mb + RSS_PEAK_BOUND_MB
                 assert after_mb < baseline_mb + RSS_AFTER_BOUND_MB
             drainer.cancel()
+            print('after', time.monotonic()-T0, after_mb)
             assert "Traceback" not in "".join(log)
         finally:
             if process.returncode is None:

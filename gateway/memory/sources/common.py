@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import gguf
+# The gguf package (and numpy under it) is imported where it is used: ~0.15 s of `kvgate serve` startup.
 
 
 class ProfileError(ValueError):
@@ -16,6 +16,8 @@ def quantization_name(file_type: object) -> str | None:
     """'Q4_K_M' for general.file_type 15; None when absent or unknown."""
     if not isinstance(file_type, int) or isinstance(file_type, bool):
         return None
+    import gguf
+
     try:
         name = gguf.LlamaFileType(file_type).name
     except ValueError:
@@ -25,6 +27,8 @@ def quantization_name(file_type: object) -> str | None:
 
 def tensor_bytes(ggml_type_name: str, shape: Sequence[int]) -> int:
     """Bytes of a tensor given its ggml type name ('Q4_K', 'F32') and shape."""
+    import gguf
+
     try:
         qtype = gguf.GGMLQuantizationType[ggml_type_name.upper()]
     except KeyError:

@@ -148,3 +148,12 @@ def parse_tags(tags: Mapping[str, Any]) -> dict[str, TagEntry]:
         entries[tag.name] = tag
         entries.setdefault(str(entry.get("model", tag.name)), tag)
     return entries
+
+
+def default_context_tokens(total_vram_bytes: int, n_ctx_train: int | None) -> int:
+    """The context Ollama (v0.15.5+, ``OLLAMA_CONTEXT_LENGTH`` unset) loads a model with when nothing names one: a
+    tier of the GPUs' total VRAM (>= 47 GiB: 262144, >= 23 GiB: 32768, else 4096), at most the model's n_ctx_train
+    (facts/ollama.md, OLLAMA_CONTEXT_LENGTH)."""
+    gib = 2**30
+    tier = 262144 if total_vram_bytes >= 47 * gib else 32768 if total_vram_bytes >= 23 * gib else 4096
+    return min(tier, n_ctx_train) if n_ctx_train else tier

@@ -1,0 +1,221 @@
+"""Load admission and the residency manager, live: the I/O around ``load_plan.decide_load``.
+
+An Ollama model that is not resident is loaded by kvgate itself (the pool directory's load, before the first request
+that needs it is planned). On a backend with a ``vram`` source, ``LoadGate.load`` first decides whether the load may
+happen, with the backend's live ``GpuBudget`` (``gpu_reading``), the loads in flight (``LoadReservations``), kvgate's
+own active sequences on each resident model (the waiting room's ledger), when each was last used and loaded, and the
+per-model ``pin`` and ``priority``:
+
+    LOAD     unload the idle models the decision names (``keep_alive: 0``, then /api/ps until they are gone), reserve
+             the load's bytes, load at the decided context (lowered: logged once and reported by ``lowered``), release
+    WAIT     poll every ``LOAD_POLL_S`` (the lock released meanwhile) until the decision changes, at most
+             ``residency.load_wait_s``; then 503 like a refusal
+    REFUSE   503 ``gpu_memory_exhausted`` with Retry-After, naming the model, the bytes needed and the bytes free
+
+Decisions and loads on one backend are serialised (Ollama itself loads one model at a time), so two requests for two
+models that are not loaded never start two loads that together don't fit.
+
+Without a ``vram`` source, on other backend kinds, with ``residency.enabled = false``, or when the model's profile
+can't be had, ``load`` answers None and the caller loads as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from gateway.admission.gpu_ledger import LoadReservations
+from gateway.admission.gpu_reading import read_gpu_entry
+from gateway.admission.load_plan import GpuRoom, LoadAction, LoadAsk, LoadDecision, ResidentState, decide_load
+from gateway.admission.types import PoolKey
+from gateway.admission.waiting_room import WaitingRoom
+from gateway.backends import Backend
+from gateway.backends.client import canonical_model, find_model, name_candidates, same_model
+from gateway.backends.prober import ProbeError, ProfileUnderivable
+from gateway.backends.probes import BackendProbes
+from gateway.config import ModelSettings, Settings
+from gateway.domain import BackendKind
+from gateway.errors import LoadRefused
+from gateway.memory.load_cost import estimate_load_cost
+from gateway.memory.profile import ModelProfile
+from gateway.memory.sources.ollama import default_context_tokens
+
+log = logging.getLogger(__name__)
+
+LOAD_POLL_S = 0.25
+"""How often a waiting load asks again."""
+UNLOAD_WAIT_S = 10.0
+"""How long kvgate waits for /api/ps to stop listing a model it unloaded (Ollama waits up to 5 s for VRAM)."""
+GPUS_PER_DEFAULT_SLOT = 3
+"""Ollama's OLLAMA_MAX_LOADED_MODELS default: 3 per GPU."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lowered:
+    """A model loaded at a smaller context than asked, to fit GPU memory."""
+
+    model: str
+    asked_tokens: int
+    loaded_tokens: int
+    reason: str
+
+
+class LoadGate:
+    def __init__(
+        self,
+        settings: Settings,
+        probes: BackendProbes,
+        room: WaitingRoom,
+        reservations: LoadReservations,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._settings = settings
+        self._probes = probes
+        self._room = room
+        self._reservations = reservations
+        self._clock = clock
+        self._sleep = sleep
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._last_used: dict[tuple[str, str], float] = {}
+        self._loaded_at: dict[tuple[str, str], float] = {}
+        self.loads = 0
+        self.unloads = 0
+        """Loads and unloads kvgate made (for the status page, tests and the demo)."""
+
+    def applies(self, backend: Backend) -> bool:
+        return (self._settings.residency.enabled and backend.kind is BackendKind.OLLAMA
+                and backend.settings.vram is not None)
+
+    def touch(self, backend: str, model: str) -> None:
+        """A request for ``model`` was admitted now (least recently used goes first)."""
+        self._last_used[(backend, canonical_model(model))] = self._clock()
+
+    async def load(self, backend: Backend, model: str) -> LoadDecision | None:
+        """Load ``model`` once GPU memory allows (see the module docstring); the decision it loaded with, or None
+        when no gate applies. Raises LoadRefused (503) when it can't, ProbeError when the backend can't be asked."""
+        if not self.applies(backend):
+            return None
+        try:
+            profile = await self._probes.profile(backend, model)
+        except (ProfileUnderivable, LookupError) as exc:
+            log.info("load of model %r on %s is not checked against GPU memory: its profile can't be derived (%s)",
+                     model, backend.describe(), exc)
+            return None
+        deadline_s = self._clock() + self._settings.residency.load_wait_s
+        announced = ""
+        lock = self._locks.setdefault(backend.name, asyncio.Lock())
+        while True:
+            async with lock:
+                decision, asked_explicitly = await self._decide(backend, model, profile)
+                if decision is None:
+                    return None
+                if decision.action is LoadAction.LOAD:
+                    await self._carry_out(backend, decision, explicit=asked_explicitly)
+                    return decision
+                if decision.action is LoadAction.REFUSE or self._clock() >= deadline_s:
+                    raise self._refusal(backend, decision)
+            if decision.reason != announced:
+                log.info("load of %s waits: %s", _label(backend, model), decision.describe())
+                announced = decision.reason
+            await self._sleep(LOAD_POLL_S)
+
+    def _refusal(self, backend: Backend, decision: LoadDecision) -> LoadRefused:
+        waited = (f" (waited {self._settings.residency.load_wait_s:g} s, residency.load_wait_s)"
+                  if decision.action is LoadAction.WAIT else "")
+        return LoadRefused(
+            f"kvgate did not load {_label(backend, decision.model)}: it needs {decision.load_bytes:,} bytes of GPU "
+            f"memory at a context of {decision.context_tokens} tokens and {max(0, decision.free_bytes):,} bytes are "
+            f"free (after {self._settings.residency.headroom_bytes:,} bytes of residency.headroom_bytes); "
+            f"{decision.reason}{waited}; retry later, or free GPU memory",
+            retry_after_s=max(1.0, self._settings.residency.min_resident_s / 2),
+        )
+
+    async def _decide(
+        self, backend: Backend, model: str, profile: ModelProfile
+    ) -> tuple[LoadDecision | None, bool]:
+        """The decision now, and whether its context was asked for explicitly (configured, or the Modelfile's)."""
+        entry = await read_gpu_entry(backend, self._probes, self._reservations)
+        budget = None if entry is None else entry.budget
+        if budget is None:
+            problem = "no vram source" if entry is None else entry.problem
+            log.warning("load of %s is not checked against GPU memory: %s", _label(backend, model), problem)
+            return None, False
+        settings = backend.settings
+        residency = self._settings.residency
+        explicit = settings.context_tokens or profile.context_tokens
+        asked = explicit or default_context_tokens(budget.total_bytes, profile.shape.n_ctx_train)
+
+        def load_bytes_at(context: int) -> int:
+            return estimate_load_cost(profile, context_tokens=context, parallel=settings.parallel or 1,
+                                      type_k=settings.cache_type_k, type_v=settings.cache_type_v).total_bytes
+
+        own = self._model_settings(model)
+        ask = LoadAsk(model, asked, residency.min_context_tokens, load_bytes_at, own.priority if own else 0)
+        own_bytes = sum(m.resident_bytes for m in budget.residents if same_model(m.name, model))
+        residents = [self._state(backend, m.name, m.resident_bytes) for m in budget.residents
+                     if not same_model(m.name, model)]
+        max_loaded = settings.max_loaded_models or GPUS_PER_DEFAULT_SLOT * max(1, budget.devices)
+        room = GpuRoom(budget.available_bytes, budget.total_bytes, residency.headroom_bytes, max_loaded)
+        decision = decide_load(ask, room, residents, now_s=self._clock(), min_resident_s=residency.min_resident_s,
+                               own_resident_bytes=own_bytes)
+        return decision, explicit is not None
+
+    def _state(self, backend: Backend, name: str, resident_bytes: int) -> ResidentState:
+        key = (backend.name, canonical_model(name))
+        settings = self._model_settings(name)
+        active = max(self._room.ledger.snapshot(PoolKey(backend.name, spelling)).active_sequences
+                     for spelling in name_candidates(name))
+        return ResidentState(
+            name=name, resident_bytes=resident_bytes, active_sequences=active,
+            pinned=bool(settings and settings.pin), priority=settings.priority if settings else 0,
+            last_used_s=self._last_used.get(key, float("-inf")), loaded_at_s=self._loaded_at.get(key, float("-inf")),
+        )
+
+    def _model_settings(self, model: str) -> ModelSettings | None:
+        name = find_model(model, self._settings.models.keys())
+        return None if name is None else self._settings.models[name]
+
+    async def _carry_out(self, backend: Backend, decision: LoadDecision, *, explicit: bool) -> None:
+        for name in decision.unload:
+            await self._unload(backend, name)
+        if decision.lowered_from is not None or decision.unload:
+            log.warning("%s", _describe(backend, decision))
+        num_ctx = decision.context_tokens if explicit or decision.lowered_from is not None else None
+        reservation = self._reservations.reserve(backend.name, decision.model, decision.load_bytes)
+        try:
+            await self._probes.load_model(backend, decision.model, num_ctx)
+            self.loads += 1
+            self._loaded_at[(backend.name, canonical_model(decision.model))] = self._clock()
+        finally:
+            self._reservations.release(reservation)
+
+    async def _unload(self, backend: Backend, name: str) -> None:
+        await self._probes.unload_model(backend, name)
+        self.unloads += 1
+        self._loaded_at.pop((backend.name, canonical_model(name)), None)
+        deadline_s = self._clock() + UNLOAD_WAIT_S
+        while any(same_model(m.name, name) for m in await self._probes.loaded_models(backend)):
+            if self._clock() >= deadline_s:
+                raise ProbeError(f"{_label(backend, name)} is still loaded {UNLOAD_WAIT_S:g} s after kvgate "
+                                 "unloaded it (keep_alive 0): it may be serving requests kvgate does not see")
+            await self._sleep(LOAD_POLL_S / 5)
+        await self._probes.vram(backend, taken_after_s=self._clock())
+
+
+def lowered_of(decision: LoadDecision | None) -> Lowered | None:
+    if decision is None or decision.lowered_from is None:
+        return None
+    return Lowered(decision.model, decision.lowered_from, decision.context_tokens, decision.describe())
+
+
+def _describe(backend: Backend, decision: LoadDecision) -> str:
+    return f"GPU memory on {backend.describe()}: {decision.describe()}"
+
+
+def _label(backend: Backend, model: str) -> str:
+    return f"model {model!r} on {backend.describe()}"
