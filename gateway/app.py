@@ -110,6 +110,7 @@ def create_app(
         room = WaitingRoom(Ledger())
         loads = LoadGate(settings, app[PROBES], room, app[LOAD_RESERVATIONS], clock=clock)
         app[LOADS] = loads
+        metrics.watch_loads(lambda: loads.counts)
         pools = PoolDirectory(settings, app[PROBES], loads=loads)
         for backend in registry.backends:
             reason = unadmitted_reason(backend) if settings.admission.enabled else "admission is off"
@@ -218,7 +219,7 @@ async def _status(request: web.Request) -> web.Response:
     await asyncio.wait({refresh}, timeout=STATUS_GPU_WAIT_S)
     status = kvgate_api.status_snapshot(app[REGISTRY], app[ADMITTER].room, pools.known(),
                                         time.monotonic() - app[STARTED], app[METRICS].truncation_log.snapshot(), notes,
-                                        gpus=gpu_rows(app[GPU_BOARD]))
+                                        gpus=gpu_rows(app[GPU_BOARD], app[LOADS].counts))
     if "text/html" in request.headers.get("Accept", ""):
         return web.Response(text=kvgate_api.status_html(status), content_type="text/html")
     return web.json_response(status)

@@ -17,9 +17,9 @@ used and loaded, and its per-model pin and priority. The answer, in order of lea
     REFUSE   when nothing that ends would make room: the numbers say what it needs and what is free
 
 An unload candidate is a resident model other than the one asked for that is idle (no active sequence through
-kvgate), not pinned, of a priority no higher than the asking model's, and resident for at least ``min_resident_s``;
-candidates go lowest priority first, then least recently used. ``max_loaded_models`` (Ollama's
-``OLLAMA_MAX_LOADED_MODELS``) forces unloads even when the bytes fit.
+kvgate, and not just loaded for requests still on their way to it), not pinned, of a priority no higher than the
+asking model's, and resident for at least ``min_resident_s``; candidates go lowest priority first, then least
+recently used. ``max_loaded_models`` (Ollama's ``OLLAMA_MAX_LOADED_MODELS``) forces unloads even when the bytes fit.
 
 Pure: no I/O, no clock (the caller passes ``now_s``), no logging.
 """
@@ -48,6 +48,8 @@ class ResidentState:
     last_used_s: float = float("-inf")
     loaded_at_s: float = float("-inf")
     """When kvgate saw it load; -inf for a model loaded before kvgate looked (not protected by hysteresis)."""
+    awaited: bool = False
+    """Loaded for requests that have not been admitted on it yet: not unloaded from under them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +118,7 @@ def unload_candidates(
     for model in residents:
         if model.name == ask.model or model.pinned or model.priority > ask.priority:
             continue
-        if model.active_sequences > 0 or now_s - model.loaded_at_s < min_resident_s:
+        if model.active_sequences > 0 or model.awaited or now_s - model.loaded_at_s < min_resident_s:
             later.append(model)
         else:
             now_free.append(model)

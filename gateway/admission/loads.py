@@ -53,6 +53,17 @@ GPUS_PER_DEFAULT_SLOT = 3
 """Ollama's OLLAMA_MAX_LOADED_MODELS default: 3 per GPU."""
 
 
+@dataclass(slots=True)
+class LoadCounts:
+    """What the gate did on one backend, since start (the metrics and the status page)."""
+
+    loads: int = 0
+    unloads: int = 0
+    lowered: int = 0
+    waited: int = 0
+    refused: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class Lowered:
     """A model loaded at a smaller context than asked, to fit GPU memory."""
@@ -83,9 +94,19 @@ class LoadGate:
         self._locks: dict[str, asyncio.Lock] = {}
         self._last_used: dict[tuple[str, str], float] = {}
         self._loaded_at: dict[tuple[str, str], float] = {}
-        self.loads = 0
-        self.unloads = 0
-        """Loads and unloads kvgate made (for the status page, tests and the demo)."""
+        self.counts: dict[str, LoadCounts] = {}
+        """Per backend: what kvgate loaded, unloaded, lowered, made wait and refused."""
+
+    def _count(self, backend: Backend) -> LoadCounts:
+        return self.counts.setdefault(backend.name, LoadCounts())
+
+    @property
+    def loads(self) -> int:
+        return sum(c.loads for c in self.counts.values())
+
+    @property
+    def unloads(self) -> int:
+        return sum(c.unloads for c in self.counts.values())
 
     def applies(self, backend: Backend) -> bool:
         return (self._settings.residency.enabled and backend.kind is BackendKind.OLLAMA
@@ -118,7 +139,10 @@ class LoadGate:
                     await self._carry_out(backend, decision, explicit=asked_explicitly)
                     return decision
                 if decision.action is LoadAction.REFUSE or self._clock() >= deadline_s:
+                    self._count(backend).refused += 1
                     raise self._refusal(backend, decision)
+            if not announced:
+                self._count(backend).waited += 1
             if decision.reason != announced:
                 log.info("load of %s waits: %s", _label(backend, model), decision.describe())
                 announced = decision.reason
@@ -170,10 +194,13 @@ class LoadGate:
         settings = self._model_settings(name)
         active = max(self._room.ledger.snapshot(PoolKey(backend.name, spelling)).active_sequences
                      for spelling in name_candidates(name))
+        last_used_s = self._last_used.get(key, float("-inf"))
+        loaded_at_s = self._loaded_at.get(key, float("-inf"))
+        awaited = loaded_at_s > last_used_s and self._clock() - loaded_at_s < self._settings.residency.load_wait_s
         return ResidentState(
             name=name, resident_bytes=resident_bytes, active_sequences=active,
             pinned=bool(settings and settings.pin), priority=settings.priority if settings else 0,
-            last_used_s=self._last_used.get(key, float("-inf")), loaded_at_s=self._loaded_at.get(key, float("-inf")),
+            last_used_s=last_used_s, loaded_at_s=loaded_at_s, awaited=awaited,
         )
 
     def _model_settings(self, model: str) -> ModelSettings | None:
@@ -189,14 +216,15 @@ class LoadGate:
         reservation = self._reservations.reserve(backend.name, decision.model, decision.load_bytes)
         try:
             await self._probes.load_model(backend, decision.model, num_ctx)
-            self.loads += 1
+            self._count(backend).loads += 1
+            self._count(backend).lowered += decision.lowered_from is not None
             self._loaded_at[(backend.name, canonical_model(decision.model))] = self._clock()
         finally:
             self._reservations.release(reservation)
 
     async def _unload(self, backend: Backend, name: str) -> None:
         await self._probes.unload_model(backend, name)
-        self.unloads += 1
+        self._count(backend).unloads += 1
         self._loaded_at.pop((backend.name, canonical_model(name)), None)
         deadline_s = self._clock() + UNLOAD_WAIT_S
         while any(same_model(m.name, name) for m in await self._probes.loaded_models(backend)):

@@ -210,6 +210,10 @@ class PoolDirectory:
         loaded = await self._probes.loaded_context(backend, model)
         if loaded is None:
             loaded = await self._load(backend, model)
+            if loaded is None and self._loads is not None and self._loads.applies(backend):
+                # Never fall back to a context of kvgate's choosing here: a request pinned to it would make Ollama
+                # load the model past the GPU check. The probe is retried (admission.probe_wait_s), then 503.
+                raise ProbeError(f"{_label(backend, model)} is not loaded after kvgate loaded it")
         context = loaded
         if context is None and settings.context_tokens is None:
             context = await self._auto_context(backend, model)

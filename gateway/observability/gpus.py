@@ -9,10 +9,13 @@ What a budget holds and how it is read: ``gateway.admission.gpu_reading``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from gateway.admission.gpu_ledger import GpuBoard, GpuBudget, GpuEntry, LoadReservations
 from gateway.admission.gpu_reading import read_gpu_entry
+from gateway.admission.loads import LoadCounts
 from gateway.backends import BackendRegistry
 from gateway.backends.probes import BackendProbes
 from gateway.text import safe_text
@@ -28,9 +31,16 @@ async def refresh_gpus(
             board.put(backend.name, entry)
 
 
-def gpu_rows(board: GpuBoard) -> list[dict[str, Any]]:
-    """One JSON row per backend with a VRAM source; every name is safe text."""
-    return [_row(name, entry) for name, entry in sorted(board.entries().items())]
+def gpu_rows(board: GpuBoard, loads: Mapping[str, LoadCounts] | None = None) -> list[dict[str, Any]]:
+    """One JSON row per backend with a VRAM source, with what load admission did there; every name is safe text."""
+    rows = []
+    for name, entry in sorted(board.entries().items()):
+        row = _row(name, entry)
+        counts = (loads or {}).get(name)
+        if counts is not None:
+            row["loads"] = dataclasses.asdict(counts)
+        rows.append(row)
+    return rows
 
 
 def _row(backend: str, entry: GpuEntry) -> dict[str, Any]:

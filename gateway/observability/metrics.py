@@ -32,7 +32,7 @@ would fail every later scrape.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 
 from gateway.admission import PoolSpec, WaitingRoom
 from gateway.admission.gpu_ledger import GpuBoard
+from gateway.admission.loads import LoadCounts
 from gateway.admission.outcome import AdmissionOutcome, decision_labels
 from gateway.observability.truncations import TruncationLog
 from gateway.text import safe_text
@@ -82,6 +83,25 @@ class _PoolCollector(Collector):
             rejected.add_metric([*_labels(key), "queue_timeout"], stat.timed_out_total)
             rejected.add_metric([*_labels(key), "context"], stat.rejected_total)
         yield from (active, reserved, capacity, queued, waited, rejected)
+
+
+class _LoadCollector(Collector):
+    def __init__(self, counts: Callable[[], Mapping[str, LoadCounts]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        families = {
+            field: CounterMetricFamily(f"kvgate_model_{field}", doc, labels=["backend"])
+            for field, doc in (("loads", "Model loads kvgate let happen (GPU memory checked first)"),
+                               ("unloads", "Idle models kvgate unloaded to make room"),
+                               ("lowered", "Loads at a context lowered to fit GPU memory"),
+                               ("waited", "Loads that waited for GPU memory"),
+                               ("refused", "Loads refused: they would overrun GPU memory"))
+        }
+        for backend, counts in self._counts().items():
+            for field, family in families.items():
+                family.add_metric(_labels((backend,)), getattr(counts, field))
+        yield from families.values()
 
 
 class _GpuCollector(Collector):
@@ -138,6 +158,9 @@ class Metrics:
 
     def watch_gpus(self, board: GpuBoard) -> None:
         self.registry.register(_GpuCollector(board))
+
+    def watch_loads(self, counts: Callable[[], Mapping[str, LoadCounts]]) -> None:
+        self.registry.register(_LoadCollector(counts))
 
     def child(self, metric: Counter | Histogram, *labels: str) -> Any:
         """``metric.labels(*labels)``, cached: the lookup is on every request's path."""

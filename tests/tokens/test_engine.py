@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 import tokenizers
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.tokens.engine import TokenizerEngine
@@ -20,14 +21,18 @@ def _tokenizer(vocab: str) -> tokenizers.Tokenizer:
 LINES = st.lists(st.sampled_from([*SENTENCES, *CODE, "", " ", "\t", "\r", "x\n y", "é", "  \n\n"]), max_size=60)
 
 
-@settings(max_examples=40, deadline=None)
+@pytest.fixture(params=["llama-bpe", "qwen2", "gemma-4"])
+def chunkable_tokenizer(request: pytest.FixtureRequest) -> tokenizers.Tokenizer:
+    """Each vocabulary in its own case, built in the setup (the first to build it in a run converts it)."""
+    return _tokenizer(str(request.param))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=LINES, repeat=st.integers(min_value=1, max_value=40))
-def test_chunked_count_equals_whole_count(lines: list[str], repeat: int) -> None:
+def test_chunked_count_equals_whole_count(chunkable_tokenizer: tokenizers.Tokenizer, lines: list[str], repeat: int) -> None:
     text = "\n".join(lines * repeat)
-    for vocab in ("llama-bpe", "qwen2", "gemma-4"):
-        tokenizer = _tokenizer(vocab)
-        engine = TokenizerEngine(tokenizer, chunkable=True)
-        assert engine.count_uncached([text]) == [len(tokenizer.encode(text, add_special_tokens=False).ids)]
+    engine = TokenizerEngine(chunkable_tokenizer, chunkable=True)
+    assert engine.count_uncached([text]) == [len(chunkable_tokenizer.encode(text, add_special_tokens=False).ids)]
 
 
 async def test_engine_caches_and_deduplicates() -> None:
