@@ -188,6 +188,8 @@ class Proxy:
                 self._after_load_request(parsed, backend)
         model = await self._registry.target_model(backend, parsed.model)
         pool = await self._admitter.pool_for(backend, model)
+        if pool is not None and backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
+            pool = await self._admitter.pool_at_default(backend, pool)  # /v1 reloads at Ollama's default context
         model = pool.model if pool is not None else model
         count = await self._counter.count(parsed, backend, model)
         observer = UsageObserver() if count is not None else None  # every counted reply: truncation check

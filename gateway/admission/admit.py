@@ -95,6 +95,11 @@ class Admitter:
             return None
         return await self._pools.pool_for(backend, model)
 
+    async def pool_at_default(self, backend: Backend, pool: PoolSpec) -> PoolSpec:
+        """The pool a request at Ollama's own default context (/v1) lands in: a model kvgate lowered is reloaded at
+        the default first, through the GPU check (``PoolDirectory.before_default_request``)."""
+        return await self._pools.before_default_request(backend, pool)
+
     def model_may_have_reloaded(self, backend: Backend, model: str | None, *, at_default: bool = False) -> None:
         """After a request that may have (re)loaded a model at another context (``at_default``: at Ollama's own
         default, as /v1 requests do), its layout is read anew."""

@@ -49,6 +49,11 @@ LOAD_POLL_S = 0.25
 """How often a waiting load asks again."""
 UNLOAD_WAIT_S = 10.0
 """How long kvgate waits for /api/ps to stop listing a model it unloaded (Ollama waits up to 5 s for VRAM)."""
+_AT_DEFAULT_HINT = (
+    "kvgate loaded it at a lowered context to fit, and an OpenAI-style (/v1) request would make Ollama reload it at "
+    "its default context (/v1 can't carry num_ctx): use Ollama's own /api/chat or /api/generate, or set "
+    "OLLAMA_CONTEXT_LENGTH on the server to a context that fits and the backend's context_tokens in kvgate to match"
+)
 GPUS_PER_DEFAULT_SLOT = 3
 """Ollama's OLLAMA_MAX_LOADED_MODELS default: 3 per GPU."""
 
@@ -65,13 +70,24 @@ class LoadCounts:
 
 
 @dataclass(frozen=True, slots=True)
+class Loaded:
+    """What ``LoadGate.load`` did: the decision, and whether the context asked for was named (configured, or the
+    Modelfile's num_ctx) rather than Ollama's own default."""
+
+    decision: LoadDecision
+    explicit: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Lowered:
-    """A model loaded at a smaller context than asked, to fit GPU memory."""
+    """A model loaded at a smaller context than asked, to fit GPU memory; ``at_default``: the asked one was Ollama's
+    own default (so a /v1 request would reload it there)."""
 
     model: str
     asked_tokens: int
     loaded_tokens: int
     reason: str
+    at_default: bool
 
 
 class LoadGate:
@@ -116,9 +132,12 @@ class LoadGate:
         """A request for ``model`` was admitted now (least recently used goes first)."""
         self._last_used[(backend, canonical_model(model))] = self._clock()
 
-    async def load(self, backend: Backend, model: str) -> LoadDecision | None:
+    async def load(self, backend: Backend, model: str, *, at_default: bool = False) -> Loaded | None:
         """Load ``model`` once GPU memory allows (see the module docstring); the decision it loaded with, or None
-        when no gate applies. Raises LoadRefused (503) when it can't, ProbeError when the backend can't be asked."""
+        when no gate applies. Raises LoadRefused (503) when it can't, ProbeError when the backend can't be asked.
+
+        ``at_default``: reload it at Ollama's own default context, never lowered (before a /v1 request, which can't
+        carry num_ctx, reaches a model kvgate loaded at a lowered one)."""
         if not self.applies(backend):
             return None
         try:
@@ -132,15 +151,15 @@ class LoadGate:
         lock = self._locks.setdefault(backend.name, asyncio.Lock())
         while True:
             async with lock:
-                decision, asked_explicitly = await self._decide(backend, model, profile)
+                decision, asked_explicitly = await self._decide(backend, model, profile, at_default=at_default)
                 if decision is None:
                     return None
                 if decision.action is LoadAction.LOAD:
                     await self._carry_out(backend, decision, explicit=asked_explicitly)
-                    return decision
+                    return Loaded(decision, explicit=asked_explicitly)
                 if decision.action is LoadAction.REFUSE or self._clock() >= deadline_s:
                     self._count(backend).refused += 1
-                    raise self._refusal(backend, decision)
+                    raise self._refusal(backend, decision, at_default=at_default)
             if not announced:
                 self._count(backend).waited += 1
             if decision.reason != announced:
@@ -148,19 +167,19 @@ class LoadGate:
                 announced = decision.reason
             await self._sleep(LOAD_POLL_S)
 
-    def _refusal(self, backend: Backend, decision: LoadDecision) -> LoadRefused:
+    def _refusal(self, backend: Backend, decision: LoadDecision, *, at_default: bool) -> LoadRefused:
         waited = (f" (waited {self._settings.residency.load_wait_s:g} s, residency.load_wait_s)"
                   if decision.action is LoadAction.WAIT else "")
         return LoadRefused(
             f"kvgate did not load {_label(backend, decision.model)}: it needs {decision.load_bytes:,} bytes of GPU "
             f"memory at a context of {decision.context_tokens} tokens and {max(0, decision.free_bytes):,} bytes are "
             f"free (after {self._settings.residency.headroom_bytes:,} bytes of residency.headroom_bytes); "
-            f"{decision.reason}{waited}; retry later, or free GPU memory",
+            f"{decision.reason}{waited}; {_AT_DEFAULT_HINT if at_default else 'retry later, or free GPU memory'}",
             retry_after_s=max(1.0, self._settings.residency.min_resident_s / 2),
         )
 
     async def _decide(
-        self, backend: Backend, model: str, profile: ModelProfile
+        self, backend: Backend, model: str, profile: ModelProfile, *, at_default: bool
     ) -> tuple[LoadDecision | None, bool]:
         """The decision now, and whether its context was asked for explicitly (configured, or the Modelfile's)."""
         entry = await read_gpu_entry(backend, self._probes, self._reservations)
@@ -171,15 +190,17 @@ class LoadGate:
             return None, False
         settings = backend.settings
         residency = self._settings.residency
-        explicit = settings.context_tokens or profile.context_tokens
-        asked = explicit or default_context_tokens(budget.total_bytes, profile.shape.n_ctx_train)
+        explicit = None if at_default else settings.context_tokens or profile.context_tokens
+        asked = explicit or profile.context_tokens or default_context_tokens(budget.total_bytes,
+                                                                             profile.shape.n_ctx_train)
+        floor = asked if at_default else residency.min_context_tokens
 
         def load_bytes_at(context: int) -> int:
             return estimate_load_cost(profile, context_tokens=context, parallel=settings.parallel or 1,
                                       type_k=settings.cache_type_k, type_v=settings.cache_type_v).total_bytes
 
         own = self._model_settings(model)
-        ask = LoadAsk(model, asked, residency.min_context_tokens, load_bytes_at, own.priority if own else 0)
+        ask = LoadAsk(model, asked, floor, load_bytes_at, own.priority if own else 0)
         own_bytes = sum(m.resident_bytes for m in budget.residents if same_model(m.name, model))
         residents = [self._state(backend, m.name, m.resident_bytes) for m in budget.residents
                      if not same_model(m.name, model)]
@@ -235,10 +256,12 @@ class LoadGate:
         await self._probes.vram(backend, taken_after_s=self._clock())
 
 
-def lowered_of(decision: LoadDecision | None) -> Lowered | None:
-    if decision is None or decision.lowered_from is None:
+def lowered_of(loaded: Loaded | None) -> Lowered | None:
+    decision = None if loaded is None else loaded.decision
+    if loaded is None or decision is None or decision.lowered_from is None:
         return None
-    return Lowered(decision.model, decision.lowered_from, decision.context_tokens, decision.describe())
+    return Lowered(decision.model, decision.lowered_from, decision.context_tokens, decision.describe(),
+                   at_default=not loaded.explicit)
 
 
 def _describe(backend: Backend, decision: LoadDecision) -> str:

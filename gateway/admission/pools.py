@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 from gateway.admission import PoolSpec
-from gateway.admission.loads import LoadGate, Lowered, lowered_of
+from gateway.admission.loads import Loaded, LoadGate, Lowered, lowered_of
 from gateway.backends import Backend
 from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
@@ -231,18 +231,11 @@ class PoolDirectory:
         """Load the model as any client would (Ollama's load request), then read its context from /api/ps. With
         load admission (``LoadGate``), the load waits for GPU memory, unloads idle models, or loads at a lowered
         context; a load that can't fit raises LoadRefused (503)."""
-        pool_id = (backend.name, model)
         try:
             if self._loads is not None and self._loads.applies(backend):
-                decision = await self._loads.load(backend, model)
-                for name in () if decision is None else decision.unload:
-                    self._stale.add((backend.name, name))
-                lowered = lowered_of(decision)
-                if lowered is None:
-                    self._lowered.pop(pool_id, None)
-                else:
-                    self._lowered[pool_id] = lowered
-                if decision is None:
+                loaded = await self._loads.load(backend, model)
+                self._after_gate(backend, model, loaded)
+                if loaded is None:
                     await self._probes.load_model(backend, model, backend.settings.context_tokens)
             else:
                 await self._probes.load_model(backend, model, backend.settings.context_tokens)
@@ -253,6 +246,30 @@ class PoolDirectory:
         if context is not None:
             log.info("model %r on %s loaded with a context of %d tokens", model, backend.describe(), context)
         return context
+
+    def _after_gate(self, backend: Backend, model: str, loaded: Loaded | None) -> None:
+        """The models the gate unloaded are read anew; the model's lowered context is remembered, or forgotten."""
+        for name in () if loaded is None else loaded.decision.unload:
+            self._stale.add((backend.name, name))
+        lowered = lowered_of(loaded)
+        if lowered is None:
+            self._lowered.pop((backend.name, model), None)
+        else:
+            self._lowered[(backend.name, model)] = lowered
+
+    async def before_default_request(self, backend: Backend, pool: PoolSpec) -> PoolSpec:
+        """Before a request that runs the model at Ollama's own default context (/v1, no num_ctx): when kvgate loaded
+        it at a context lowered from that default, the request would make Ollama reload it there, past the GPU
+        check. So kvgate reloads it at the default itself, through the gate (idle models unloaded first), and the
+        request is planned in the new pool; when the default can't fit, LoadRefused (503) says what to do."""
+        lowered = self.lowered_for(pool)
+        if lowered is None or not lowered.at_default or self._loads is None:
+            return pool
+        loaded = await self._loads.load(backend, pool.model, at_default=True)
+        self._after_gate(backend, pool.model, loaded)
+        self._stale.add((backend.name, pool.model))
+        found = await self.pool_for(backend, pool.model)
+        return pool if found is None else found
 
     async def check_configured(self, backend: Backend) -> None:
         """At start-up: report models an Ollama backend already has loaded at another context than its configured

@@ -13,9 +13,12 @@ Phases (all requests deterministic; a phase starts when the previous one has fin
               the 32768 runner again
 
 Outcomes: ``completed``; ``truncated`` (200, but ``prompt_eval_count`` below the prompt's known token count, and
-no ``X-Kvgate-*`` response header announcing it; with one it is ``trimmed``);
-``failed_oom`` / ``failed_500`` / ``failed_4xx``; ``timed_out``. Model reloads come from the simulator's
-``GET /sim/stats``.
+no ``X-Kvgate-*`` response header announcing it; with one it is ``trimmed``); ``refused`` (503 with Retry-After:
+"not now, try again", e.g. kvgate's ``gpu_memory_exhausted``); ``failed_oom`` / ``failed_500`` / ``failed_4xx``;
+``timed_out``. Model loads, reloads, unloads and failed loads come from the simulator's ``GET /sim/stats``.
+
+Other scripts (``multi_model``) add ``GpuEvent``s between phases: a foreign process takes GPU memory behind the
+server's back, or ends.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -65,6 +68,16 @@ class Outcome:
     prompt_tokens_reported: int = 0
     generated_tokens: int = 0
     gateway_headers: dict[str, str] = field(default_factory=dict)
+    retry_after: str = ""
+
+
+@dataclass(frozen=True)
+class GpuEvent:
+    """Before a phase, on the simulated GPU: a foreign process ``name`` takes ``nbytes`` (``POST /sim/processes``),
+    or, with ``nbytes`` 0, the one of that name ends (``DELETE /sim/processes/{pid}``)."""
+
+    name: str
+    nbytes: int = 0
 
 
 @dataclass
@@ -73,9 +86,23 @@ class RunReport:
     outcomes: list[Outcome]
     reloads: int
     wall_s: float
+    loads: int = 0
+    """Model loads the simulator made (reloads included), from ``/sim/stats``; likewise the next three."""
+    unloads: int = 0
+    load_failures: int = 0
+    """Loads that did not fit the GPU (each an out-of-memory at load; Ollama may retry at a lower context)."""
+    runtime_ooms: int = 0
+    """Runners that crashed mid-generation (the GPU oversubscribed)."""
+    gateway_loads: int | None = None
+    """Loads and unloads the gateway in front made itself (None: nothing in front, or it does not say)."""
+    gateway_unloads: int | None = None
 
     def count(self, status: str) -> int:
         return sum(1 for o in self.outcomes if o.status == status)
+
+
+GatewayCounts = Callable[[], tuple[int, int]]
+"""The gateway's own (loads, unloads) so far."""
 
 
 Progress = Callable[[int, int, Outcome], None]
@@ -136,29 +163,62 @@ def known_prompt_tokens(call: Call) -> int:
 
 async def run_workload(base_url: str, *, name: str, sim_url: str | None = None,
                        script: list[list[Call]] | None = None, timeout_s: float = 20.0,
-                       progress: Progress | None = None) -> RunReport:  # fmt: skip
-    """Send the script to ``base_url``; ``sim_url`` (default ``base_url``) answers ``GET /sim/stats``."""
+                       progress: Progress | None = None, gpu_events: Mapping[int, Sequence[GpuEvent]] | None = None,
+                       gateway_counts: GatewayCounts | None = None) -> RunReport:  # fmt: skip
+    """Send the script to ``base_url``; ``sim_url`` (default ``base_url``) answers ``GET /sim/stats`` and takes the
+    ``gpu_events`` (by the index of the phase they come before); ``gateway_counts`` reads the gateway's own loads
+    and unloads."""
     phases = script if script is not None else demo_script()
     total = sum(len(p) for p in phases)
     outcomes: list[Outcome] = []
+    sim = sim_url.rstrip("/") if sim_url else ""
+    pids: dict[str, int] = {}
     start = time.monotonic()
     async with aiohttp.ClientSession(base_url.rstrip("/")) as session:
-        reloads_before = await _reloads(session, sim_url)
-        for phase in phases:
+        before = await _sim_counts(session, sim)
+        gateway_before = gateway_counts() if gateway_counts is not None else (0, 0)
+        for index, phase in enumerate(phases):
+            for event in (gpu_events or {}).get(index, ()):
+                await _apply(session, sim, event, pids)
             results = await asyncio.gather(*(_send(session, call, timeout_s) for call in phase))
             for outcome in results:
                 outcomes.append(outcome)
                 if progress is not None:
                     progress(len(outcomes), total, outcome)
-        reloads = await _reloads(session, sim_url) - reloads_before
-    return RunReport(name=name, outcomes=outcomes, reloads=reloads, wall_s=time.monotonic() - start)
+        for leftover in list(pids):  # a foreign process the script left running ends with the run
+            await _apply(session, sim, GpuEvent(leftover), pids)
+        after = await _sim_counts(session, sim)
+        gateway_after = gateway_counts() if gateway_counts is not None else None
+    delta = {key: after[key] - before[key] for key in after}
+    return RunReport(
+        name=name, outcomes=outcomes, reloads=delta["reloads"], wall_s=time.monotonic() - start,
+        loads=delta["loads"], unloads=delta["unloads"], load_failures=delta["load_failures"],
+        runtime_ooms=delta["runtime_ooms"],
+        gateway_loads=None if gateway_after is None else gateway_after[0] - gateway_before[0],
+        gateway_unloads=None if gateway_after is None else gateway_after[1] - gateway_before[1],
+    )
 
 
-async def _reloads(session: aiohttp.ClientSession, sim_url: str | None) -> int:
-    url = (sim_url.rstrip("/") if sim_url else "") + "/sim/stats"
-    async with session.get(url) as resp:
+_SIM_COUNTERS = ("loads", "reloads", "unloads", "load_failures", "runtime_ooms")
+
+
+async def _sim_counts(session: aiohttp.ClientSession, sim: str) -> dict[str, int]:
+    async with session.get(sim + "/sim/stats") as resp:
         body = await resp.json()
-    return int(body["reloads"])
+    return {key: int(body[key]) for key in _SIM_COUNTERS}
+
+
+async def _apply(session: aiohttp.ClientSession, sim: str, event: GpuEvent, pids: dict[str, int]) -> None:
+    if event.nbytes > 0:
+        async with session.post(sim + "/sim/processes", json={"name": event.name, "bytes": event.nbytes}) as resp:
+            resp.raise_for_status()
+            pids[event.name] = int((await resp.json())["pid"])
+        return
+    pid = pids.pop(event.name, None)
+    if pid is None:
+        raise ValueError(f"no foreign process {event.name!r} to end")
+    async with session.delete(f"{sim}/sim/processes/{pid}") as resp:
+        resp.raise_for_status()
 
 
 def _body(call: Call) -> tuple[str, dict[str, Any]]:
@@ -179,6 +239,7 @@ async def _send(session: aiohttp.ClientSession, call: Call, timeout_s: float) ->
         async with session.post(path, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             out.http_status = resp.status
             out.gateway_headers = {k: v for k, v in resp.headers.items() if k.lower().startswith("x-kvgate")}
+            out.retry_after = resp.headers.get("Retry-After", "")
             payload = await resp.json(content_type=None)
     except TimeoutError:
         out.status, out.error = "timed_out", f"no answer within {timeout_s:g} s"
@@ -196,6 +257,8 @@ def _classify(out: Outcome, payload: Any) -> None:
         out.error = message
         if any(marker in message for marker in OOM_MARKERS):
             out.status = "failed_oom"
+        elif out.http_status == 503 and out.retry_after:
+            out.status = "refused"  # "not now": nothing ran, the client is told when to try again
         else:
             out.status = "failed_4xx" if 400 <= out.http_status < 500 else "failed_500"
         return

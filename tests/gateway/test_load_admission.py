@@ -109,6 +109,29 @@ async def test_the_context_is_lowered_to_the_largest_that_fits_and_announced() -
         assert status == 200 and headers["X-Kvgate-Context-Lowered"].startswith(str(loaded))
         sim_stats = await stats(sim)
         assert (sim_stats["loads"], sim_stats["load_failures"], sim_stats["runtime_ooms"]) == (1, 0, 0)
+        # /v1 can't carry num_ctx: Ollama would reload the model at its default (32768), which does not fit
+        status, headers, body = await chat(url, "qwen2.5:32b", path="/v1/chat/completions")
+        assert status == 503 and body["error"]["code"] == "gpu_memory_exhausted", body
+        assert "/api/chat" in body["error"]["message"] and "OLLAMA_CONTEXT_LENGTH" in body["error"]["message"]
+        assert await resident(sim) == {"qwen2.5:32b": loaded}
+        assert (await stats(sim))["loads"] == 1
+
+
+async def test_a_v1_request_reloads_a_lowered_model_at_the_default_once_it_fits() -> None:
+    """A context lowered because a foreign process held memory: once it is gone, a /v1 request (which runs at
+    Ollama's default context) makes kvgate reload the model at the default itself, through the GPU check."""
+    async with simulator() as sim, running_gateway([backend_for(sim)]) as url:
+        pid = await foreign(sim, 17)
+        status, headers, _ = await chat(url, "llama3.1:8b")
+        lowered = (await resident(sim))["llama3.1:8b"]
+        assert status == 200 and lowered < 32768 and "X-Kvgate-Context-Lowered" in headers
+        assert (await call(sim, "DELETE", f"/sim/processes/{pid}"))[0] in (200, 204)
+        status, headers, body = await chat(url, "llama3.1:8b", path="/v1/chat/completions")
+        assert status == 200, body
+        assert "X-Kvgate-Context-Lowered" not in headers
+        assert await resident(sim) == {"llama3.1:8b": 32768}
+        sim_stats = await stats(sim)
+        assert (sim_stats["loads"], sim_stats["load_failures"], sim_stats["runtime_ooms"]) == (2, 0, 0)
 
 
 async def test_idle_models_are_unloaded_least_recently_used_first_and_a_pinned_one_never() -> None:

@@ -29,7 +29,9 @@ def chunkable_tokenizer(request: pytest.FixtureRequest) -> tokenizers.Tokenizer:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=LINES, repeat=st.integers(min_value=1, max_value=40))
-def test_chunked_count_equals_whole_count(chunkable_tokenizer: tokenizers.Tokenizer, lines: list[str], repeat: int) -> None:
+def test_chunked_count_equals_whole_count(
+    chunkable_tokenizer: tokenizers.Tokenizer, lines: list[str], repeat: int
+) -> None:
     text = "\n".join(lines * repeat)
     engine = TokenizerEngine(chunkable_tokenizer, chunkable=True)
     assert engine.count_uncached([text]) == [len(chunkable_tokenizer.encode(text, add_special_tokens=False).ids)]

@@ -1,0 +1,136 @@
+"""The tokenizer cache's file index: a cached GGUF tokenizer loads without reading the GGUF file again, only while
+the file is unchanged (size, mtime, ctime, inode, device)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+import gateway.tokens.gguf_vocab as gguf_vocab
+from gateway.gguf import GgufMetadata, read_gguf_metadata
+from gateway.tokens.gguf_vocab import load_gguf_tokenizer
+from gateway.tokens.tokenizer_cache import TokenizerCache
+from tests.tokens.vocab_vectors import vocab_path
+
+TEXT = "Hello world, 1234567 tokens!"
+AN_HOUR_AGO_NS = time.time_ns() - 3600 * 10**9
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The GGUF files load_gguf_tokenizer reads (parses), in order."""
+    seen: list[Path] = []
+
+    def counting(path: Path) -> GgufMetadata:
+        seen.append(path)
+        return read_gguf_metadata(path)
+
+    monkeypatch.setattr(gguf_vocab, "read_gguf_metadata", counting)
+    return seen
+
+
+def _model(tmp_path: Path, vocab: str = "llama-spm", *, mtime_ns: int = AN_HOUR_AGO_NS) -> Path:
+    path = tmp_path / "models" / "model.gguf"
+    path.parent.mkdir(exist_ok=True)
+    shutil.copyfile(vocab_path(vocab), path)
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+    return path
+
+
+def _index_entries(cache_dir: Path) -> list[Path]:
+    return sorted(cache_dir.glob("file-*.key.json"))
+
+
+def test_a_hit_does_not_read_the_gguf_file(tmp_path: Path, reads: list[Path]) -> None:
+    model, cache_dir = _model(tmp_path), tmp_path / "cache"
+    first = load_gguf_tokenizer(model, cache_dir=cache_dir)
+    assert reads == [model] and len(_index_entries(cache_dir)) == 1
+    key = f"gguf-{read_gguf_metadata(model).kv_digest}"
+    assert TokenizerCache(cache_dir).file_key(model) == key  # the key a read gives
+    second = load_gguf_tokenizer(model, cache_dir=cache_dir)
+    assert reads == [model]  # not read again
+    assert second.encode(TEXT).ids == first.encode(TEXT).ids
+    # the same file through another path (a symlink) is the same resolved file
+    link = tmp_path / "link.gguf"
+    link.symlink_to(model)
+    load_gguf_tokenizer(link, cache_dir=cache_dir)
+    assert reads == [model]
+
+
+def test_a_touched_file_is_read_again_and_re_keyed(tmp_path: Path, reads: list[Path]) -> None:
+    model, cache_dir = _model(tmp_path), tmp_path / "cache"
+    load_gguf_tokenizer(model, cache_dir=cache_dir)
+    os.utime(model, ns=(AN_HOUR_AGO_NS + 10**9, AN_HOUR_AGO_NS + 10**9))  # touched: same contents, new mtime
+    assert TokenizerCache(cache_dir).file_key(model) is None
+    load_gguf_tokenizer(model, cache_dir=cache_dir)
+    assert reads == [model, model]
+    load_gguf_tokenizer(model, cache_dir=cache_dir)  # re-keyed: trusted again
+    assert reads == [model, model] and len(_index_entries(cache_dir)) == 1
+
+
+def test_a_file_replaced_by_another_model_gives_the_other_tokenizer(tmp_path: Path, reads: list[Path]) -> None:
+    model, cache_dir = _model(tmp_path, "llama-spm"), tmp_path / "cache"
+    spm = load_gguf_tokenizer(model, cache_dir=cache_dir)
+    replacement = tmp_path / "replacement.gguf"
+    shutil.copyfile(vocab_path("gpt-2"), replacement)
+    os.utime(replacement, ns=(AN_HOUR_AGO_NS, AN_HOUR_AGO_NS))  # even with the same mtime
+    os.replace(replacement, model)
+    gpt2 = load_gguf_tokenizer(model, cache_dir=cache_dir)
+    assert reads == [model, model]
+    assert gpt2.encode(TEXT).ids != spm.encode(TEXT).ids
+    assert gpt2.encode(TEXT).ids == load_gguf_tokenizer(vocab_path("gpt-2")).encode(TEXT).ids
+
+
+def test_a_file_rewritten_in_place_with_its_size_and_mtime_kept_is_read_again(
+    tmp_path: Path, reads: list[Path]
+) -> None:
+    model, cache_dir = _model(tmp_path), tmp_path / "cache"
+    load_gguf_tokenizer(model, cache_dir=cache_dir)
+    data = bytearray(model.read_bytes())
+    name = data.find(b"general.name")
+    assert name > 0
+    data[name + 40] ^= 0x01  # inside the name's value or the next key: the key/value digest changes
+    with model.open("r+b") as fh:  # same inode, same size
+        fh.write(data)
+    os.utime(model, ns=(AN_HOUR_AGO_NS, AN_HOUR_AGO_NS))  # and the old mtime back: only the ctime tells
+    assert TokenizerCache(cache_dir).file_key(model) is None
+    # what the flipped bit did to the file does not matter here, only that the file was read
+    with contextlib.suppress(gguf_vocab.UnsupportedTokenizer):
+        load_gguf_tokenizer(model, cache_dir=cache_dir)
+    assert reads == [model, model]
+
+
+def test_a_corrupt_or_foreign_index_entry_is_ignored(tmp_path: Path, reads: list[Path]) -> None:
+    model, cache_dir = _model(tmp_path), tmp_path / "cache"
+    expected = load_gguf_tokenizer(model, cache_dir=cache_dir).encode(TEXT).ids
+    (entry,) = _index_entries(cache_dir)
+    for junk in (b"{not json", b"[]", b'{"v": 1, "key": 7}', b'{"v": 99, "key": "gguf-x", "file": {}}', b""):
+        entry.write_bytes(junk)
+        assert TokenizerCache(cache_dir).file_key(model) is None
+        assert load_gguf_tokenizer(model, cache_dir=cache_dir).encode(TEXT).ids == expected
+    assert len(reads) == 6
+    load_gguf_tokenizer(model, cache_dir=cache_dir)  # the last read wrote a sound entry back
+    assert len(reads) == 6
+
+
+def test_an_index_entry_whose_tokenizer_is_gone_converts_again(tmp_path: Path, reads: list[Path]) -> None:
+    model, cache_dir = _model(tmp_path), tmp_path / "cache"
+    load_gguf_tokenizer(model, cache_dir=cache_dir)
+    for converted in cache_dir.glob("*.tokenizer.json"):
+        converted.unlink()
+    assert load_gguf_tokenizer(model, cache_dir=cache_dir).encode(TEXT).ids
+    assert reads == [model, model]
+    assert len(list(cache_dir.glob("*.tokenizer.json"))) == 1
+
+
+def test_a_file_modified_just_now_is_not_indexed(tmp_path: Path, reads: list[Path]) -> None:
+    """Within one timestamp tick a rewrite can keep the identity: a just-written file is read until it settles."""
+    model, cache_dir = _model(tmp_path, mtime_ns=time.time_ns()), tmp_path / "cache"
+    load_gguf_tokenizer(model, cache_dir=cache_dir)
+    load_gguf_tokenizer(model, cache_dir=cache_dir)
+    assert reads == [model, model] and not _index_entries(cache_dir)
