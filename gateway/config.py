@@ -312,6 +312,13 @@ class ResidencyConfig(_Strict):
     load_wait_s: float = Field(
         default=30.0, gt=0, description="how long a load waits for room (models in use, hysteresis) before a 503",
     )
+    allow_cpu_offload: bool = Field(
+        default=False, description="a model too big for the GPU may load partly on the CPU when the backend runs on "
+        "this host and its system RAM (/proc/meminfo) holds the offloaded layers without swapping",
+    )
+    meminfo_path: Path = Field(
+        default=Path("/proc/meminfo"), description="where system RAM is read (in a container: the host's, mounted)",
+    )
 
 
 class Settings(BaseSettings):

@@ -96,17 +96,23 @@ async def remove_process(request: web.Request) -> web.Response:
 async def stats(request: web.Request) -> web.Response:
     state = request.app[SIM_STATE]
     body = state.stats.to_json()
+    body["host_ram_bytes"] = 0  # system RAM the runners hold: what /api/ps puts outside the GPU (size - size_vram)
     if state.service is not None:
+        runners = list(state.service.scheduler.loaded.values())
+        body["host_ram_bytes"] = sum(r.host_bytes for r in runners if not r.crashed)
         body["loaded"] = [
             {
                 "model": r.spec.name,
                 "num_ctx": r.num_ctx,
                 "num_parallel": r.num_parallel,
-                "bytes": r.size_bytes,
+                "bytes": r.vram_bytes,  # on the GPU
+                "host_bytes": r.host_bytes,  # in system RAM (a partial offload)
+                "gpu_layers": r.offload.gpu_layers if r.offload else r.spec.arch.n_layers,
+                "n_layers": r.spec.arch.n_layers,
                 "ref_count": r.ref_count,
                 "crashed": r.crashed,
             }
-            for r in state.service.scheduler.loaded.values()
+            for r in runners
         ]
     return _reply(200, body)
 

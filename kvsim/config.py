@@ -33,6 +33,7 @@ class SimConfig:
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S  # OLLAMA_KEEP_ALIVE
     kv_cache_type: str = "f16"  # OLLAMA_KV_CACHE_TYPE / -ctk -ctv
     dynamic_kv: bool = False  # grow KV per token (transformers-style) instead of reserving it at load
+    llama_fit: bool = True  # LLAMA_ARG_FIT: E3's first model may partly offload to the CPU instead of OOMing
     # timing and determinism
     load_s: float = 2.0  # seconds a (re)load takes
     prompt_tokens_per_s: float = 4000.0

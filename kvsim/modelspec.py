@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
-from kvsim.gpu.weights import Architecture, FileType, WeightBytes, weight_bytes
+from kvsim.gpu.weights import Architecture, FileType, WeightBytes, layer_weight_bytes, weight_bytes
 
 _HEADER_BYTES = 4 * 1024 * 1024  # key/values + tensor infos outside the tokenizer arrays (approximate)
 
@@ -47,6 +47,11 @@ class ModelSpec:
     @cached_property
     def weights(self) -> WeightBytes:
         return weight_bytes(self.arch, self.file_type)
+
+    @cached_property
+    def layer_weights(self) -> tuple[int, ...]:
+        """Weight bytes of each repeating layer (what a partial offload moves to the CPU, layer by layer)."""
+        return layer_weight_bytes(self.arch, self.file_type)
 
     @property
     def file_bytes(self) -> int:

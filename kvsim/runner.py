@@ -119,6 +119,11 @@ def add_sim_arguments(parser: argparse.ArgumentParser, *, include_address: bool 
     g.add_argument("--keep-alive", type=_duration, default=d.keep_alive_s, help="OLLAMA_KEEP_ALIVE (5m, 30s, -1)")
     g.add_argument("--kv-cache-type", default=d.kv_cache_type, help="OLLAMA_KV_CACHE_TYPE / -ctk -ctv")
     g.add_argument("--dynamic-kv", action="store_true", help="grow the KV cache per token (transformers-style)")
+    g.add_argument(
+        "--no-fit",
+        action="store_true",
+        help="LLAMA_ARG_FIT=off: E3's first model fails with out-of-memory instead of partly offloading to the CPU",
+    )
     g.add_argument("--load-time", type=float, default=d.load_s, help="seconds a (re)load takes")
     g.add_argument("--prompt-speed", type=float, default=d.prompt_tokens_per_s, help="prompt tokens/s")
     g.add_argument("--gen-speed", type=float, default=d.gen_tokens_per_s, help="generated tokens/s per request")
@@ -156,6 +161,7 @@ def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
         keep_alive_s=args.keep_alive,
         kv_cache_type=args.kv_cache_type,
         dynamic_kv=args.dynamic_kv,
+        llama_fit=not args.no_fit,
         load_s=args.load_time,
         prompt_tokens_per_s=args.prompt_speed,
         gen_tokens_per_s=args.gen_speed,

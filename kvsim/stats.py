@@ -14,6 +14,7 @@ class SimStats:
     evictions: int = 0  # runners unloaded to make room for another model
     unloads: int = 0  # runners unloaded for any reason
     load_failures: int = 0  # loads refused for lack of GPU memory
+    partial_offloads: int = 0  # loads that llama.cpp's fit left partly on the CPU (E3, first model)
     runtime_ooms: int = 0  # runners that crashed mid-generation (GPU oversubscribed)
     requests: int = 0
     completed: int = 0

@@ -93,6 +93,8 @@ class LoadDecision:
     freed_bytes: int = 0
     lowered_from: int | None = None
     reason: str = ""
+    offloaded_ram_bytes: int = 0
+    """System RAM the layers that stay on the CPU take (a load allowed to spill, ``residency.allow_cpu_offload``)."""
 
     def describe(self) -> str:
         """One line for the log, a header or an error message."""
@@ -105,6 +107,9 @@ class LoadDecision:
                 parts.append(f"after unloading {', '.join(self.unload)} ({self.freed_bytes / gib:.2f} GiB)")
             if self.lowered_from is not None:
                 parts.append(f"context lowered from {self.lowered_from} tokens to fit GPU memory")
+            if self.offloaded_ram_bytes:
+                parts[0] = f"{head} loads partly on the CPU ({room})"
+                parts.append(f"{self.reason}")
             return "; ".join(parts)
         return f"{head} needs more than the GPU has ({room}): {self.reason}"
 

@@ -15,6 +15,11 @@ per-model ``pin`` and ``priority``:
 Decisions and loads on one backend are serialised (Ollama itself loads one model at a time), so two requests for two
 models that are not loaded never start two loads that together don't fit.
 
+With ``residency.allow_cpu_offload``, a load refused for lack of GPU memory may run partly on the CPU instead, when
+the backend runs on this host and ``/proc/meminfo`` says its system RAM holds the offloaded layers (weights and KV of
+the layers that don't fit, ``memory.estimate.offload``) without swapping; one that would swap or wake the OOM killer
+is refused, saying so.
+
 Without a ``vram`` source, on other backend kinds, with ``residency.enabled = false``, or when the model's profile
 can't be had, ``load`` answers None and the caller loads as before.
 """
@@ -22,14 +27,26 @@ can't be had, ``load`` answers None and the caller loads as before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from ipaddress import ip_address
+
+from yarl import URL
 
 from gateway.admission.gpu_ledger import LoadReservations
 from gateway.admission.gpu_reading import read_gpu_entry
-from gateway.admission.load_plan import GpuRoom, LoadAction, LoadAsk, LoadDecision, ResidentState, decide_load
+from gateway.admission.load_plan import (
+    GpuRoom,
+    LoadAction,
+    LoadAsk,
+    LoadDecision,
+    ResidentState,
+    decide_load,
+    unload_candidates,
+)
 from gateway.admission.types import PoolKey
 from gateway.admission.waiting_room import WaitingRoom
 from gateway.backends import Backend
@@ -39,9 +56,12 @@ from gateway.backends.probes import BackendProbes
 from gateway.config import ModelSettings, Settings
 from gateway.domain import BackendKind
 from gateway.errors import LoadRefused
+from gateway.memory.estimate import estimate, ram_check
+from gateway.memory.host_ram import RamVerdict, read_host_ram
 from gateway.memory.load_cost import estimate_load_cost
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.ollama import default_context_tokens
+from gateway.memory.vram import VramUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +185,7 @@ class LoadGate:
             if decision.reason != announced:
                 log.info("load of %s waits: %s", _label(backend, model), decision.describe())
                 announced = decision.reason
-            await self._sleep(LOAD_POLL_S)
+            await self._sleep(min(LOAD_POLL_S, max(0.01, self._settings.residency.min_resident_s / 4)))
 
     def _refusal(self, backend: Backend, decision: LoadDecision, *, at_default: bool) -> LoadRefused:
         waited = (f" (waited {self._settings.residency.load_wait_s:g} s, residency.load_wait_s)"
@@ -182,6 +202,10 @@ class LoadGate:
         self, backend: Backend, model: str, profile: ModelProfile, *, at_default: bool
     ) -> tuple[LoadDecision | None, bool]:
         """The decision now, and whether its context was asked for explicitly (configured, or the Modelfile's)."""
+        with contextlib.suppress(VramUnavailable):  # read_gpu_entry reports it
+            # a reading taken now, not one up to vram_refresh_s old: a process that took GPU memory since would
+            # otherwise be missed, and the load planned into memory it holds (out of memory at load)
+            await self._probes.vram(backend, taken_after_s=self._clock())
         entry = await read_gpu_entry(backend, self._probes, self._reservations)
         budget = None if entry is None else entry.budget
         if budget is None:
@@ -206,9 +230,43 @@ class LoadGate:
                      if not same_model(m.name, model)]
         max_loaded = settings.max_loaded_models or GPUS_PER_DEFAULT_SLOT * max(1, budget.devices)
         room = GpuRoom(budget.available_bytes, budget.total_bytes, residency.headroom_bytes, max_loaded)
-        decision = decide_load(ask, room, residents, now_s=self._clock(), min_resident_s=residency.min_resident_s,
+        now_s = self._clock()
+        decision = decide_load(ask, room, residents, now_s=now_s, min_resident_s=residency.min_resident_s,
                                own_resident_bytes=own_bytes)
+        if decision.action is LoadAction.REFUSE and residency.allow_cpu_offload:
+            unload = unload_candidates(residents, ask, now_s, residency.min_resident_s)[0]
+            freed = sum(m.resident_bytes for m in unload)
+            vram_free = max(0, min(room.available_bytes + own_bytes + freed, room.total_bytes) - room.headroom_bytes)
+            decision = self._offloaded(backend, profile, decision, tuple(m.name for m in unload), freed, vram_free,
+                                       room.total_bytes)
         return decision, explicit is not None
+
+    def _offloaded(
+        self, backend: Backend, profile: ModelProfile, refused: LoadDecision, unload: tuple[str, ...], freed: int,
+        vram_free_bytes: int, vram_total_bytes: int,
+    ) -> LoadDecision:
+        """A refused load, allowed to run partly on the CPU (``residency.allow_cpu_offload``) when the backend's host
+        is this one and its system RAM holds the offloaded layers without swapping; refused otherwise, saying why."""
+        if not _is_local(backend):
+            return replace(refused, reason=f"{refused.reason}; it would need CPU offload, and the system RAM of "
+                           f"{backend.settings.url} can't be read from here (kvgate reads its own /proc/meminfo)")
+        settings = backend.settings
+        result = estimate(profile, context=refused.context_tokens, parallel=settings.parallel or 1,
+                          type_k=settings.cache_type_k, type_v=settings.cache_type_v,
+                          vram_total_bytes=vram_total_bytes, vram_free_bytes=vram_free_bytes)
+        check = ram_check(result, lambda: read_host_ram(self._settings.residency.meminfo_path))
+        spill = check.offload
+        if check.verdict is not RamVerdict.FITS or spill is None or check.host is None:
+            why = check.warning() or check.note
+            ram = f"{spill.ram_bytes:,} bytes of system RAM" if spill else "system RAM"
+            available = f", {check.host.available_bytes:,} available" if check.host else ""
+            return replace(refused, reason=f"{refused.reason}; loaded partly on the CPU it would take {ram}"
+                           f"{available}: {why}")
+        return replace(
+            refused, action=LoadAction.LOAD, unload=unload, freed_bytes=freed, offloaded_ram_bytes=spill.ram_bytes,
+            reason=f"{spill.cpu_layers} of {spill.n_layers} layers on the CPU, {spill.ram_bytes:,} bytes of system "
+            f"RAM ({check.host.available_bytes:,} available; residency.allow_cpu_offload)",
+        )
 
     def _state(self, backend: Backend, name: str, resident_bytes: int) -> ResidentState:
         key = (backend.name, canonical_model(name))
@@ -266,6 +324,17 @@ def lowered_of(loaded: Loaded | None) -> Lowered | None:
 
 def _describe(backend: Backend, decision: LoadDecision) -> str:
     return f"GPU memory on {backend.describe()}: {decision.describe()}"
+
+
+def _is_local(backend: Backend) -> bool:
+    """Whether the backend runs on this host (a loopback address), so its system RAM is the one kvgate reads."""
+    host = URL(backend.settings.url).host or ""
+    if host == "localhost":
+        return True
+    try:
+        return ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _label(backend: Backend, model: str) -> str:

@@ -196,6 +196,25 @@ def kv_bytes(
     return cells.streams * (full * cells.full_cells + swa * cells.swa_cells)
 
 
+def layer_kv_bytes(
+    layers: AttentionLayers, cells: KvCells, type_k: CacheType = CacheType.F16, type_v: CacheType | None = None
+) -> tuple[int, ...]:
+    """``kv_bytes`` layer by layer (a layer's K and V buffers of every stream); they sum to ``kv_bytes``. When
+    llama.cpp keeps a layer on the CPU, its KV goes with it."""
+    type_v = type_v or type_k
+    out = []
+    for heads, sliding in zip(layers.n_head_kv, layers.sliding, strict=True):
+        if heads == 0:
+            out.append(0)
+            continue
+        slides = sliding and layers.sliding_window > 0
+        k_len = layers.key_length_swa if slides and layers.key_length_swa is not None else layers.key_length
+        v_len = layers.value_length_swa if slides and layers.value_length_swa is not None else layers.value_length
+        row = row_bytes(type_k, heads * k_len) + row_bytes(type_v, heads * v_len)
+        out.append(cells.streams * row * (cells.swa_cells if slides else cells.full_cells))
+    return tuple(out)
+
+
 def bytes_per_token(layers: AttentionLayers, type_k: CacheType = CacheType.F16, type_v: CacheType | None = None) -> int:
     """What one more token costs where the cache grows per token (transformers-style): every layer's K and V row."""
     full, swa = layers.cell_bytes(type_k, type_v or type_k)
@@ -208,3 +227,11 @@ def ollama_kv_bytes(
     """The KV cache of ``spec`` loaded by Ollama with ``num_ctx`` and ``OLLAMA_NUM_PARALLEL``."""
     layers = AttentionLayers.of(spec)
     return kv_bytes(layers, ollama_cells(layers, num_ctx=num_ctx, num_parallel=num_parallel), cache_type)
+
+
+def ollama_layer_kv_bytes(
+    spec: ModelSpec, *, num_ctx: int, num_parallel: int, cache_type: CacheType = CacheType.F16
+) -> tuple[int, ...]:
+    """``ollama_kv_bytes`` layer by layer."""
+    layers = AttentionLayers.of(spec)
+    return layer_kv_bytes(layers, ollama_cells(layers, num_ctx=num_ctx, num_parallel=num_parallel), cache_type)

@@ -8,6 +8,15 @@ Actual allocation (what llama-server allocates and Ollama E3 reports in ``/api/p
                the dominant term of llama.cpp's compute buffer with flash attention (an approximation:
                llama.cpp has no closed form; Llama 3.1 8B at batch 512 gives 258 MiB, the log says ~258)
 
+llama.cpp's automatic fit (``--fit``, ``LLAMA_ARG_FIT``, on by default; Ollama E3 passes ``-c`` but no ``-ngl``, so
+only the GPU layer count is adjusted) when that does not fit the device's free memory minus the fit target
+(``-fitt``, 1024 MiB per device)::
+
+    budget     = free - fit target - compute - the weights outside the repeating layers (output, norms)
+    gpu layers = the most trailing layers whose weights + KV fit the budget (llama.cpp offloads the last
+                 layers: ``i_gpu_start = n_layer - n_gpu_layers``); the others, their weights and their KV,
+                 stay in system RAM, and so does the CPU_Mapped token embedding (counted in /api/ps ``size``)
+
 Ollama's predictions (which decide eviction, not the allocation itself):
 
     E3  PredictServerVRAM = file size + 2 x blocks x min(head_count_kv) x (embd / max(head_count)) x ctx x 2
@@ -20,14 +29,15 @@ Pure.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvsim.catalog import ModelSpec
-from kvsim.gpu.kv_cache import CacheType, ollama_kv_bytes
+from kvsim.gpu.kv_cache import CacheType, ollama_kv_bytes, ollama_layer_kv_bytes
 from kvsim.gpu.vgpu import GIB, MIB
 
 BATCH_DEFAULT, BATCH_MEDIUM, BATCH_LARGE = 512, 1024, 2048
 CUDA_MINIMUM_BYTES = 457 * MIB
+FIT_TARGET_BYTES = 1024 * MIB  # llama.cpp -fitt default: free memory --fit leaves on each device
 _OLLAMA_ELEM_BYTES = {CacheType.F16: 2.0, CacheType.Q8_0: 1.0, CacheType.Q4_0: 0.5, CacheType.F32: 4.0}
 
 
@@ -40,6 +50,74 @@ class LoadCost:
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.kv_bytes + self.compute_bytes
+
+
+@dataclass(frozen=True)
+class Offload:
+    """A partial offload: ``gpu_layers`` of ``n_layers`` repeating layers on the GPU, the rest in system RAM."""
+
+    n_layers: int
+    gpu_layers: int
+    host_weights_bytes: int  # the weights of the CPU layers
+    host_kv_bytes: int  # the KV of the CPU layers
+    host_mapped_bytes: int  # the CPU_Mapped model buffer (token embeddings), in /api/ps size once offloaded
+
+    @property
+    def cpu_layers(self) -> int:
+        return self.n_layers - self.gpu_layers
+
+    @property
+    def host_bytes(self) -> int:
+        """The system memory /api/ps attributes to the runner (``size`` - ``size_vram``)."""
+        return self.host_weights_bytes + self.host_kv_bytes + self.host_mapped_bytes
+
+
+def fit_to_free(
+    spec: ModelSpec,
+    cost: LoadCost,
+    *,
+    num_ctx: int,
+    num_parallel: int,
+    cache_type: CacheType,
+    free_bytes: int,
+    devices: int = 1,
+    fit_target_bytes: int = FIT_TARGET_BYTES,
+) -> tuple[LoadCost, Offload | None]:
+    """llama.cpp ``--fit`` on ``cost`` (every layer on the GPU): unchanged when it fits ``free_bytes`` minus the fit
+    target (per device), else the GPU part of the load and what stays in system RAM. With no room even for the
+    non-layer buffers, zero layers: the allocation of those then fails as it would."""
+    budget = free_bytes - fit_target_bytes * devices
+    if cost.total_bytes <= budget:
+        return cost, None
+    layer_w = spec.layer_weights
+    layer_kv = (
+        ollama_layer_kv_bytes(spec, num_ctx=num_ctx, num_parallel=num_parallel, cache_type=cache_type)
+        if cost.kv_bytes
+        else (0,) * len(layer_w)
+    )
+    outside_w = cost.weights_bytes - sum(layer_w)
+    room = budget - cost.compute_bytes - outside_w
+    gpu_layers = 0
+    for il in reversed(range(len(layer_w))):  # the last layers go to the GPU first
+        need = layer_w[il] + layer_kv[il]
+        if need > room:
+            break
+        room -= need
+        gpu_layers += 1
+    first_gpu = len(layer_w) - gpu_layers
+    gpu_cost = replace(
+        cost,
+        weights_bytes=outside_w + sum(layer_w[first_gpu:]),
+        kv_bytes=sum(layer_kv[first_gpu:]),
+    )
+    offload = Offload(
+        n_layers=len(layer_w),
+        gpu_layers=gpu_layers,
+        host_weights_bytes=sum(layer_w[:first_gpu]),
+        host_kv_bytes=sum(layer_kv[:first_gpu]),
+        host_mapped_bytes=spec.weights.host_bytes,
+    )
+    return gpu_cost, offload
 
 
 def compute_bytes(spec: ModelSpec, num_batch: int) -> int:

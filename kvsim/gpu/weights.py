@@ -209,3 +209,14 @@ def weight_bytes(arch: Architecture, file_type: FileType) -> WeightBytes:
         else:
             gpu += size
     return WeightBytes(gpu_bytes=gpu + tied_copy, host_bytes=host, tensor_bytes=gpu + host, parameter_count=params)
+
+
+def layer_weight_bytes(arch: Architecture, file_type: FileType) -> tuple[int, ...]:
+    """The weights of each repeating layer (``blk.<il>.*``), in layer order: what moves to the CPU with the layer
+    when llama.cpp offloads only some layers. The rest of ``WeightBytes.gpu_bytes`` (output layer, output norm,
+    rope factors, a tied output copy) belongs to no layer."""
+    out = [0] * arch.n_layers
+    for t in tensors(arch):
+        if t.layer >= 0:
+            out[t.layer] += tensor_bytes(tensor_type(arch, t, file_type), t.n_values)
+    return tuple(out)

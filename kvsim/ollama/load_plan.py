@@ -6,6 +6,13 @@
 E3 predicts with ``PredictServerVRAM`` + the batch surcharge and, when other models are resident, evicts if that
 exceeds 80% of the free memory; E2 evicts when its own estimate exceeds the free memory. The first model is never
 pre-checked. The prediction also decides the placement (one GPU if it fits in 80% of one, else all of them).
+
+E3's first model (nothing else loaded) then goes through llama.cpp's automatic fit (``fit_to_free``): when the
+load does not fit the free memory minus 1 GiB per device, only the trailing layers that fit stay on the GPU and the
+rest (weights and KV) run from system RAM; ``LoadPlan.offload`` says how. With other models resident the simulator
+keeps the pre-check's eviction and the OOM retry (evict all, retry) instead: the load then fits or is retried as
+the first model (ollama.md 4.2 items 5, 6, 8). E2, dynamic-KV mode and ``SimConfig.llama_fit = False`` never
+offload.
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ from kvsim.catalog import ModelSpec
 from kvsim.config import SimConfig
 from kvsim.gpu.load_cost import (
     LoadCost,
+    Offload,
     auto_batch_e3,
     batch_surcharge,
+    fit_to_free,
     load_cost,
     place,
     predicted_vram_e2,
@@ -34,6 +43,7 @@ class LoadPlan:
     predicted_bytes: int
     cost: LoadCost
     placement: dict[int, int]  # bytes per device
+    offload: Offload | None = None  # None: every layer on the GPU
 
 
 def plan_load(
@@ -66,4 +76,18 @@ def plan_load(
         dynamic_kv=config.dynamic_kv,
     )
     placement = place(cost.total_bytes, predicted, free_by_device)
-    return LoadPlan(num_ctx, num_parallel, num_batch, predicted, cost, placement)
+    offload = None
+    if config.era == "e3" and config.llama_fit and not config.dynamic_kv and not others_loaded:
+        used = {d: max(free_by_device[d], 0) for d in placement}
+        cost, offload = fit_to_free(
+            spec,
+            cost,
+            num_ctx=num_ctx,
+            num_parallel=num_parallel,
+            cache_type=config.cache_type,
+            free_bytes=sum(used.values()),
+            devices=len(used),
+        )
+        if offload is not None:
+            placement = place(cost.total_bytes, predicted, used) if len(used) > 1 else {d: cost.total_bytes for d in used}
+    return LoadPlan(num_ctx, num_parallel, num_batch, predicted, cost, placement, offload)

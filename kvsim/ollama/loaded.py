@@ -14,7 +14,7 @@ from datetime import datetime
 
 from kvsim.catalog import ModelSpec
 from kvsim.failures import SimError
-from kvsim.gpu.load_cost import LoadCost
+from kvsim.gpu.load_cost import LoadCost, Offload
 from kvsim.ollama.options import LoadedState
 
 
@@ -23,7 +23,7 @@ class LoadedRunner:
     spec: ModelSpec
     pid: int
     state: LoadedState
-    cost: LoadCost
+    cost: LoadCost  # what it holds on the GPU
     placement: dict[int, int]  # bytes per device
     num_parallel: int
     num_ctx: int  # per sequence, after clamping: /api/ps context_length
@@ -36,6 +36,7 @@ class LoadedRunner:
     crashed: bool = False  # the process died (runtime out of memory)
     unloaded: bool = False
     dynamic_bytes: int = 0  # dynamic-KV mode: KV grown so far
+    offload: Offload | None = None  # llama.cpp's fit kept some layers on the CPU
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     gone: asyncio.Event = field(default_factory=asyncio.Event)
     timer: asyncio.Task[None] | None = None
@@ -49,8 +50,19 @@ class LoadedRunner:
         return max(self.placement, key=lambda d: (self.placement[d], -d))
 
     @property
-    def size_bytes(self) -> int:
+    def vram_bytes(self) -> int:
+        """/api/ps ``size_vram``: the GPU buffers."""
         return self.cost.total_bytes + self.dynamic_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """System memory /api/ps counts (``size`` - ``size_vram``): 0 unless partly offloaded."""
+        return self.offload.host_bytes if self.offload is not None else 0
+
+    @property
+    def size_bytes(self) -> int:
+        """/api/ps ``size``: every buffer; equal to ``vram_bytes`` when every layer is on the GPU."""
+        return self.vram_bytes + self.host_bytes
 
     @property
     def usable(self) -> bool:

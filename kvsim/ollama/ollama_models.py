@@ -127,7 +127,9 @@ async def ps(request: web.Request) -> web.Response:
     runners.sort(key=lambda pair: -pair[0].timestamp())  # longest time left first
     entries = []
     for expires, runner in runners:
-        size = runner.size_bytes  # as parsed from the load log; a crashed runner keeps it until unloaded
+        # as parsed from the load log (a crashed runner keeps it until unloaded): size counts every buffer,
+        # size_vram the GPU ones; they differ only when llama.cpp's fit left layers on the CPU
+        size, size_vram = runner.size_bytes, runner.vram_bytes
         entries.append(
             {
                 "name": runner.spec.name,
@@ -136,7 +138,7 @@ async def ps(request: web.Request) -> web.Response:
                 "digest": runner.spec.digest,
                 "details": details(runner.spec, with_lengths=False),
                 "expires_at": go_time(expires),
-                "size_vram": size,
+                "size_vram": size_vram,
                 "context_length": runner.num_ctx,
             }
         )

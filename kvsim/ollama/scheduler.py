@@ -10,7 +10,8 @@ full), which one task drains serially, exactly one request at a time::
         | needs reload          --> expire it (in-flight requests finish first), wait for the unload, retry
     OLLAMA_MAX_LOADED_MODELS reached --> expire the idle runner with the shortest keep_alive, wait, retry
     otherwise load:
-        first model            -> no pre-check
+        first model            -> no pre-check; E3: llama.cpp's fit keeps on the GPU the layers that fit
+                                  (free - 1 GiB - compute - output), the rest in system RAM (partial offload)
         other models resident  -> E3: predicted + batch surcharge > 80% of free?  evict one, retry
                                   E2: Ollama's estimate > free?                     evict one, retry
         allocation fails (OOM) -> automatic num_ctx: retry once a tier lower (32768, 4096)
@@ -250,6 +251,7 @@ class OllamaScheduler:
             state=state,
             cost=plan.cost,
             placement=plan.placement,
+            offload=plan.offload,
             num_parallel=num_parallel,
             num_ctx=num_ctx,
             slot_ctx=slot_ctx,
@@ -262,6 +264,14 @@ class OllamaScheduler:
         reload = spec.name in self._reloading
         self._reloading.discard(spec.name)
         self.stats.reloads += int(reload)
+        offloaded: dict[str, int] = {}
+        if plan.offload is not None:
+            self.stats.partial_offloads += 1
+            offloaded = {
+                "gpu_layers": plan.offload.gpu_layers,
+                "n_layers": plan.offload.n_layers,
+                "host_bytes": plan.offload.host_bytes,
+            }
         self.stats.event(
             self.clock.now(),
             "reload" if reload else "load",
@@ -269,6 +279,7 @@ class OllamaScheduler:
             num_ctx=num_ctx,
             num_parallel=num_parallel,
             bytes=plan.cost.total_bytes,
+            **offloaded,
         )
         self._spawn(self._finish_load(runner, pending))
         pending.future.set_result(runner)

@@ -22,7 +22,9 @@ _Run = Callable[[str, str, str | None], Awaitable[RunReport]]
 """(URL to send to, the run's name, the simulator's URL when something is in front) -> the run's report."""
 
 
-async def _both(gateway: GatewayFactory, cfg: SimConfig, names: tuple[str, str], run: _Run) -> tuple[RunReport, RunReport]:
+async def _both(
+    gateway: GatewayFactory, cfg: SimConfig, names: tuple[str, str], run: _Run
+) -> tuple[RunReport, RunReport]:
     runner, url = await start_sim(cfg)
     try:
         direct = await run(url, names[0], None)

@@ -7,19 +7,27 @@ Models (Ollama's own sizes at OLLAMA_NUM_PARALLEL=2 and its 32768-token default 
     qwen2.5:32b    34.4 GiB   (18.1 GiB of weights: even at 4096 tokens it needs 20.4 GiB)
     gemma3:27b     22.1 GiB   (15.4 GiB of weights, sliding-window KV)
 
-Rounds, each a phase of a few concurrent requests to one model (a phase starts when the previous one finished)::
+Rounds, each three phases of a few concurrent requests to one model (a phase starts when the previous one ended)::
 
-    round 1   llama (alice) -> qwen (bob; one of his clients asks num_ctx 16384) -> gemma (carol)
-    round 2   the same, with a foreign process holding 8 GiB of the GPU from its start (a training job)
-    round 3   the same, the foreign process gone
+    llama (alice, two turns at once) -> qwen (bob: one client leaves num_ctx unset, one asks 16384) -> gemma (carol)
 
-Straight at Ollama: bob's explicit num_ctx 16384 on qwen2.5:32b (26.4 GiB) can't load, and with 8 GiB taken qwen and
-gemma can't load at any context Ollama tries: out-of-memory failures. Through kvgate: qwen loads at the largest
-context that fits (the client's num_ctx follows it), and while the foreign process holds its 8 GiB the loads that
-can't fit are refused at once (503 ``gpu_memory_exhausted``, Retry-After) instead of failing on the GPU.
+    round 1   the GPU to themselves
+    round 2   after its llama phase, halfway through, a training job takes 8 GiB of the GPU (a foreign process)
+    round 3   its llama phase still shares the GPU with the job, which ends before the qwen phase
 
-Every phase switches models, so the workload makes ``model_switches`` (9) switches: the first load included, the
-most loads it can need (a switch needs one load at most; a refused one needs none).
+Straight at Ollama: bob's num_ctx 16384 on qwen2.5:32b (26.4 GiB) can't load, and while the job holds its 8 GiB
+qwen and gemma can't load at any context Ollama tries: out-of-memory failures (500s, each after a load attempt).
+Through kvgate: qwen loads at the largest context that fits (the client's num_ctx follows it), and while the job
+holds its 8 GiB the loads that can't fit are refused at once (503 ``gpu_memory_exhausted`` with Retry-After), the
+model that fits (llama) keeps serving.
+
+The job starts while llama (12.6 GiB) is the resident model, so the GPU is not oversubscribed (12.6 + 8 < 24). Had it
+started while gemma (22.1 GiB) was resident, the GPU would be oversubscribed and gemma's runner would crash at its
+next request (runtime out of memory) through kvgate too: kvgate gates loads, not models already resident, and an
+over-committed GPU makes its loads wait rather than unload the idle model (``load_plan.decide_load``).
+
+Every phase switches models: ``model_switches`` counts 9 (the first load included), the most loads the workload can
+need through kvgate (a switch needs one load at most; a refused one none).
 """
 
 from __future__ import annotations
@@ -54,8 +62,8 @@ def multi_model_sim_config(*, time_scale: float = 4.0) -> SimConfig:
 
 
 def multi_model_script(*, seed: int = 11) -> tuple[list[list[Call]], dict[int, tuple[GpuEvent, ...]]]:
-    """(phases, GPU events by the phase they come before): the foreign process starts before round 2 and ends
-    before round 3."""
+    """(phases, GPU events by the index of the phase they come before): the foreign process starts after round 2's
+    first phase and ends after round 3's."""
     rng = random.Random(seed)
     llama, qwen, gemma = MODELS
     phases: list[list[Call]] = []
@@ -67,7 +75,7 @@ def multi_model_script(*, seed: int = 11) -> tuple[list[list[Call]], dict[int, t
             Call("bob", PHASE, qwen, _conversation(rng, 2, 40, "Summarize."), 16384),
         ])  # fmt: skip
         phases.append([Call("carol", PHASE, gemma, (Message("user", "Describe the picture in one line."),), None)])
-    events = {3: (FOREIGN,), 6: (GpuEvent(FOREIGN.name),)}
+    events: dict[int, tuple[GpuEvent, ...]] = {4: (FOREIGN,), 7: (GpuEvent(FOREIGN.name),)}
     return phases, events
 
 

@@ -121,10 +121,13 @@ async def test_slowloris_with_1024_files_leaves_legitimate_requests_answered(cap
         drain: asyncio.Task[None] | None = None
         stop = asyncio.Event()
         try:
-            line = (await asyncio.wait_for(process.stderr.readline(), timeout=20)).decode()
-            match = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            assert match, line
-            port = int(match.group(1))
+            port = 0
+            while not port:  # the lines before "listening" (warnings, if any) are kept for the log's checks
+                line = (await asyncio.wait_for(process.stderr.readline(), timeout=20)).decode()
+                assert line, "kvgate exited: " + "".join(lines)
+                lines.append(line)
+                if match := re.search(r"listening on http://127\.0\.0\.1:(\d+)", line):
+                    port = int(match.group(1))
             url = f"http://127.0.0.1:{port}"
             drain = asyncio.create_task(_drain(process.stderr, lines))
 

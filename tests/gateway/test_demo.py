@@ -43,3 +43,15 @@ async def test_demo_shows_kvgate_preventing_oom_truncation_and_reloads(faster: S
     assert table["silently truncated"][0] > 0 and table["silently truncated"][1] == 0
     assert table["model reloads"][0] > 0 and table["model reloads"][1] == 0
     assert table["completed"][1] == table["requests"][1]
+    # the multi-model phase (kvsim.workload.multi_model): its rows, "3 models: ...", direct then through kvgate
+    multi = {}
+    for line in out.getvalue().splitlines():
+        if line.startswith("3 models: "):
+            label, left, right = line.rsplit(maxsplit=2)
+            multi[label.removeprefix("3 models: ").strip()] = (left, right)
+    assert int(multi["failed: out of memory"][0]) > 0 and multi["failed: out of memory"][1] == "0"
+    assert multi["loads that hit OOM (GPU)"][1] == "0" and multi["runner crashes: OOM (GPU)"][1] == "0"
+    assert multi["refused (503, Retry-After)"][0] == "0" and int(multi["refused (503, Retry-After)"][1]) > 0
+    assert multi["loads by kvgate"][0] == "-" and multi["unloads by kvgate"][0] == "-"
+    assert 0 < int(multi["loads by kvgate"][1]) <= int(multi["model switches"][1])  # one load per switch at most
+    assert multi["loads (GPU)"][1] == multi["loads by kvgate"][1]  # every load on the GPU went through kvgate

@@ -22,7 +22,7 @@ from tests.support.poll import until
 
 GIB = 1 << 30
 FAST = {"load_s": 0.01, "time_scale": 50.0}
-MODELS = ("llama3.1:8b", "qwen2.5:32b", "gemma3:27b")
+MODELS = ("llama3.1:8b", "qwen2.5:32b", "gemma3:27b", "llama3.1:70b")
 
 
 @contextlib.asynccontextmanager
@@ -30,7 +30,7 @@ async def simulator(**changes: Any) -> AsyncIterator[str]:
     from kvsim.config import SimConfig
     from kvsim.runner import start_sim
 
-    runner, url = await start_sim(SimConfig(models=MODELS, **{**FAST, **changes}))
+    runner, url = await start_sim(SimConfig(**{"models": MODELS, **FAST, **changes}))
     try:
         yield url
     finally:
@@ -217,3 +217,67 @@ async def test_residency_can_be_turned_off(enabled: bool) -> None:
         await foreign(sim, 20)
         status, _, _ = await chat(url, "llama3.1:8b")
         assert status == (503 if enabled else 500)  # off: Ollama's own failure comes back, as before
+
+
+def _meminfo(tmp_path: Any, available_gib: int, swap_free_gib: int = 0) -> str:
+    path = tmp_path / "meminfo"
+    path.write_text(f"MemTotal: {128 * GIB // 1024} kB\nMemAvailable: {available_gib * GIB // 1024} kB\n"
+                    f"SwapTotal: {swap_free_gib * GIB // 1024} kB\nSwapFree: {swap_free_gib * GIB // 1024} kB\n")
+    return str(path)
+
+
+@pytest.mark.parametrize(("available_gib", "swap_gib", "expected"), [
+    (96, 0, "loads partly on the CPU"), (20, 64, "swap"), (8, 0, "OOM killer"),
+], ids=["fits", "would_swap", "would_oom"])
+async def test_cpu_offload_is_allowed_only_when_system_ram_holds_it(
+    tmp_path: Any, available_gib: int, swap_gib: int, expected: str
+) -> None:
+    """llama3.1:70b (~40 GiB) can't fit the 24 GiB GPU at any context: with ``allow_cpu_offload`` it loads partly on
+    the CPU when /proc/meminfo (a file here) says system RAM holds the rest; otherwise 503, naming swap or the OOM
+    killer, and Ollama never tries."""
+    residency = {"allow_cpu_offload": True, "meminfo_path": _meminfo(tmp_path, available_gib, swap_gib)}
+    async with simulator() as sim, running_gateway([backend_for(sim)], residency=residency) as url:
+        status, _, body = await chat(url, "llama3.1:70b")
+        sim_stats = await stats(sim)
+        print(f"\nRAM available {available_gib} GiB, swap {swap_gib} GiB: {status} "
+              f"{'' if status == 200 else body['error'][:200]}")
+        if expected == "loads partly on the CPU":
+            assert status == 200, body
+            assert set(await resident(sim)) == {"llama3.1:70b"}
+        else:
+            assert status == 503 and expected in body["error"] and "system RAM" in body["error"]
+            assert sim_stats["loads"] == 0
+        assert (sim_stats["load_failures"], sim_stats["runtime_ooms"]) == (0, 0)
+
+
+async def test_two_users_taking_turns_swap_at_most_once_per_min_resident_s() -> None:
+    """Two users alternate between two models that don't fit together, as fast as they can, for WINDOW_S: with
+    hysteresis (``min_resident_s``) the GPU swaps at most once per interval, and every request is answered."""
+    window_s, min_resident_s = 0.6, 0.15
+    fp16, q8 = "llama3.1:8b-instruct-fp16", "llama3.1:8b-instruct-q8_0"  # ~15 + ~8 GiB: not both on 20 GiB
+    async with simulator(models=(fp16, q8), gpu_bytes=(20 * GIB,)) as sim, running_gateway(
+        [{**backend_for(sim), "context_tokens": 4096}], residency={"min_resident_s": min_resident_s,
+                                                                   "load_wait_s": 10.0}) as url:
+        for model in (fp16, q8):  # each loaded and counted once before the window: it measures swaps only
+            assert (await chat(url, model, options={"num_predict": 4}))[0] == 200
+        before = await stats(sim)
+        loop = asyncio.get_running_loop()
+        end_s = loop.time() + window_s
+        statuses: list[int] = []
+
+        async def user(model: str, other: str) -> None:
+            turn = 0
+            while loop.time() < end_s:
+                statuses.append((await chat(url, (model, other)[turn % 2], options={"num_predict": 4}))[0])
+                turn += 1
+
+        await asyncio.gather(user(fp16, q8), user(q8, fp16))
+        elapsed_s = window_s + max(0.0, loop.time() - end_s)
+        sim_stats = await stats(sim)
+        loads = sim_stats["loads"] - before["loads"]
+        bound = int(elapsed_s / min_resident_s) + 1  # one swap per interval, and one at its edge
+        print(f"\n{len(statuses)} requests in {elapsed_s:.2f} s: simulator loads {loads}, unloads "
+              f"{sim_stats['unloads'] - before['unloads']} (bound {bound}), statuses {sorted(set(statuses))}")
+        assert set(statuses) == {200} and loads >= 1  # every request answered; the GPU did swap
+        assert loads <= bound
+        assert (sim_stats["load_failures"], sim_stats["runtime_ooms"]) == (0, 0)
