@@ -191,25 +191,29 @@ class Proxy:
         if pool is not None and backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
             pool = await self._admitter.pool_at_default(backend, pool)  # /v1 reloads at Ollama's default context
         model = pool.model if pool is not None else model
-        count = await self._counter.count(parsed, backend, model)
-        observer = UsageObserver() if count is not None else None  # every counted reply: truncation check
-        admitted = await self._admitter.admit(
-            parsed, raw, pool, count, tenant, lambda: _gone(request),
-            lambda changed: self._counter.count(
-                changed, backend, model, budget_s=self._settings.counting.refusal_count_wait_s),
-        )
-        trace.outcome = admitted.outcome
+        claim = self._admitter.claim(backend, pool)  # the model is not unloaded under this request
         try:
-            headers = response_headers(admitted.outcome)
-            response = await self._forward(request, backend, admitted.body, dialect, request_id, headers, observer,
-                                           admitted.outcome.forwarded_count)
+            count = await self._counter.count(parsed, backend, model)
+            observer = UsageObserver() if count is not None else None  # every counted reply: truncation check
+            admitted = await self._admitter.admit(
+                parsed, raw, pool, count, tenant, lambda: _gone(request),
+                lambda changed: self._counter.count(
+                    changed, backend, model, budget_s=self._settings.counting.refusal_count_wait_s),
+            )
+            trace.outcome = admitted.outcome
+            try:
+                headers = response_headers(admitted.outcome)
+                response = await self._forward(request, backend, admitted.body, dialect, request_id, headers, observer,
+                                               admitted.outcome.forwarded_count)
+            finally:
+                admitted.release()
+                if backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
+                    self._admitter.model_may_have_reloaded(backend, model, at_default=True)  # /v1: Ollama's default
+            if observer is not None and response.status == 200:
+                await self._observe(parsed, backend, admitted.outcome, observer.prompt_tokens(), model)
+            return response
         finally:
-            admitted.release()
-            if backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
-                self._admitter.model_may_have_reloaded(backend, model, at_default=True)  # /v1: Ollama's default
-        if observer is not None and response.status == 200:
-            await self._observe(parsed, backend, admitted.outcome, observer.prompt_tokens(), model)
-        return response
+            claim.release()
 
     def _after_load_request(self, parsed: ParsedRequest, backend: Backend) -> None:
         """An Ollama chat or generate without a prompt loads (or unloads) the model: its context is read anew."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway import dialects
 from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, Rewrites, WaitingRoom
-from gateway.admission.loads import LoadGate
+from gateway.admission.loads import Claim, LoadGate
 from gateway.admission.outcome import AdmissionOutcome, Admitted, Reserved, Trim
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
 from gateway.admission.pools import PoolDirectory
@@ -28,6 +28,16 @@ from gateway.fitting.trim import trim_history
 from gateway.tokens import TokenCount
 
 Recount = Callable[[ParsedRequest], Awaitable[TokenCount]]
+
+
+class NoClaim:
+    """The claim of a request whose model kvgate does not manage: nothing to release."""
+
+    def release(self) -> None:
+        return None
+
+
+NO_CLAIM = NoClaim()
 
 
 def policy_from(config: AdmissionConfig) -> Policy:
@@ -94,6 +104,12 @@ class Admitter:
         if not self._config.enabled:
             return None
         return await self._pools.pool_for(backend, model)
+
+    def claim(self, backend: Backend, pool: PoolSpec | None) -> Claim | NoClaim:
+        """Hold the pool's model resident while the request runs (released once, when the response ends)."""
+        if pool is None or self._loads is None or not pool.model or not self._loads.applies(backend):
+            return NO_CLAIM
+        return self._loads.claim(backend.name, pool.model)
 
     async def pool_at_default(self, backend: Backend, pool: PoolSpec) -> PoolSpec:
         """The pool a request at Ollama's own default context (/v1) lands in: a model kvgate lowered is reloaded at

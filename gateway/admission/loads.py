@@ -89,6 +89,19 @@ class LoadCounts:
     refused: int = 0
 
 
+class Claim:
+    """A request's hold on the model it runs on (``LoadGate.claim``); ``release`` is idempotent."""
+
+    def __init__(self, gate: LoadGate, key: tuple[str, str]) -> None:
+        self._gate: LoadGate | None = gate
+        self._key = key
+
+    def release(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate._unclaim(self._key)
+
+
 @dataclass(frozen=True, slots=True)
 class Loaded:
     """What ``LoadGate.load`` did: the decision, and whether the context asked for was named (configured, or the
@@ -130,6 +143,10 @@ class LoadGate:
         self._locks: dict[str, asyncio.Lock] = {}
         self._last_used: dict[tuple[str, str], float] = {}
         self._loaded_at: dict[tuple[str, str], float] = {}
+        self._expected_at: dict[tuple[str, str], float] = {}
+        self._claims: dict[tuple[str, str], int] = {}
+        self.on_unload: Callable[[str, str], None] = lambda backend, model: None
+        """Called (backend, model) just before kvgate unloads a model: its pool is read anew by the next request."""
         self.counts: dict[str, LoadCounts] = {}
         """Per backend: what kvgate loaded, unloaded, lowered, made wait and refused."""
 
@@ -149,8 +166,31 @@ class LoadGate:
                 and backend.settings.vram is not None)
 
     def touch(self, backend: str, model: str) -> None:
-        """A request for ``model`` was admitted now (least recently used goes first)."""
+        """A request for ``model`` was served now (least recently used goes first)."""
         self._last_used[(backend, canonical_model(model))] = self._clock()
+
+    def lock(self, backend: Backend) -> asyncio.Lock:
+        """Held while kvgate decides, unloads and loads on ``backend``: a read of what is loaded taken under it is
+        never in the middle of an unload."""
+        return self._locks.setdefault(backend.name, asyncio.Lock())
+
+    def expect(self, backend: str, model: str) -> None:
+        """Requests are on their way to ``model`` (its pool was just read): not unloaded before they claim it."""
+        self._expected_at[(backend, canonical_model(model))] = self._clock()
+
+    def claim(self, backend: str, model: str) -> Claim:
+        """A request will run on ``model``: it is not unloaded until the claim is released (exactly once)."""
+        key = (backend, canonical_model(model))
+        self._claims[key] = self._claims.get(key, 0) + 1
+        return Claim(self, key)
+
+    def _unclaim(self, key: tuple[str, str]) -> None:
+        left = self._claims.get(key, 0) - 1
+        if left > 0:
+            self._claims[key] = left
+        else:
+            self._claims.pop(key, None)
+        self._last_used[key] = self._clock()
 
     async def load(self, backend: Backend, model: str, *, at_default: bool = False) -> Loaded | None:
         """Load ``model`` once GPU memory allows (see the module docstring); the decision it loaded with, or None
@@ -168,7 +208,7 @@ class LoadGate:
             return None
         deadline_s = self._clock() + self._settings.residency.load_wait_s
         announced = ""
-        lock = self._locks.setdefault(backend.name, asyncio.Lock())
+        lock = self.lock(backend)
         while True:
             async with lock:
                 decision, asked_explicitly = await self._decide(backend, model, profile, at_default=at_default)
@@ -271,11 +311,13 @@ class LoadGate:
     def _state(self, backend: Backend, name: str, resident_bytes: int) -> ResidentState:
         key = (backend.name, canonical_model(name))
         settings = self._model_settings(name)
-        active = max(self._room.ledger.snapshot(PoolKey(backend.name, spelling)).active_sequences
-                     for spelling in name_candidates(name))
+        active = max(self._claims.get(key, 0), *(
+            self._room.ledger.snapshot(PoolKey(backend.name, spelling)).active_sequences
+            for spelling in name_candidates(name)))
         last_used_s = self._last_used.get(key, float("-inf"))
         loaded_at_s = self._loaded_at.get(key, float("-inf"))
-        awaited = loaded_at_s > last_used_s and self._clock() - loaded_at_s < self._settings.residency.load_wait_s
+        expected_s = max(loaded_at_s, self._expected_at.get(key, float("-inf")))
+        awaited = expected_s > last_used_s and self._clock() - expected_s < self._settings.residency.load_wait_s
         return ResidentState(
             name=name, resident_bytes=resident_bytes, active_sequences=active,
             pinned=bool(settings and settings.pin), priority=settings.priority if settings else 0,
@@ -302,6 +344,7 @@ class LoadGate:
             self._reservations.release(reservation)
 
     async def _unload(self, backend: Backend, name: str) -> None:
+        self.on_unload(backend.name, name)
         await self._probes.unload_model(backend, name)
         self._count(backend).unloads += 1
         self._loaded_at.pop((backend.name, canonical_model(name)), None)

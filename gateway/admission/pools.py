@@ -104,6 +104,8 @@ class PoolDirectory:
         self._probes = probes
         self._loads = loads
         self._lowered: dict[PoolId, Lowered] = {}
+        if loads is not None:
+            loads.on_unload = lambda backend, model: self._stale.add((backend, model))
         self._clock = clock
         self._sleep = sleep
         self._cache: dict[PoolId, tuple[float, PoolSpec]] = {}
@@ -207,10 +209,17 @@ class PoolDirectory:
 
     async def _ollama_pool(self, backend: Backend, model: str) -> PoolSpec:
         settings = backend.settings
-        loaded = await self._probes.loaded_context(backend, model)
+        gated = self._loads is not None and self._loads.applies(backend)
+        if self._loads is not None and gated:
+            async with self._loads.lock(backend):  # never read in the middle of kvgate's own unload
+                loaded = await self._probes.loaded_context(backend, model)
+                if loaded is not None:
+                    self._loads.expect(backend.name, model)
+        else:
+            loaded = await self._probes.loaded_context(backend, model)
         if loaded is None:
             loaded = await self._load(backend, model)
-            if loaded is None and self._loads is not None and self._loads.applies(backend):
+            if loaded is None and gated:
                 # Never fall back to a context of kvgate's choosing here: a request pinned to it would make Ollama
                 # load the model past the GPU check. The probe is retried (admission.probe_wait_s), then 503.
                 raise ProbeError(f"{_label(backend, model)} is not loaded after kvgate loaded it")

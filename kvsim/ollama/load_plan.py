@@ -89,5 +89,5 @@ def plan_load(
             devices=len(used),
         )
         if offload is not None:
-            placement = place(cost.total_bytes, predicted, used) if len(used) > 1 else {d: cost.total_bytes for d in used}
+            placement = place(cost.total_bytes, predicted, used)  # the same devices, the smaller GPU part
     return LoadPlan(num_ctx, num_parallel, num_batch, predicted, cost, placement, offload)

@@ -47,9 +47,12 @@ PHASE = "models"
 
 def multi_model_sim_config(*, time_scale: float = 4.0) -> SimConfig:
     """One 24 GiB GPU, OLLAMA_NUM_PARALLEL=2, the three models; keep_alive long enough that nothing expires on its
-    own during the run (the loads and unloads counted are the workload's)."""
+    own during the run (the loads and unloads counted are the workload's). llama.cpp's automatic fit is off
+    (``llama_fit``, LLAMA_ARG_FIT): with it on, a load that does not fit runs partly offloaded to the CPU (slow, no
+    failure) instead of answering out of memory, and the straight run shows no OOM at load."""
     return SimConfig(
         models=MODELS,
+        llama_fit=False,
         num_parallel=2,
         load_s=2.0,
         time_scale=time_scale,

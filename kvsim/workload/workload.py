@@ -120,8 +120,11 @@ def _conversation(rng: random.Random, turns: int, words_per_turn: int, question:
 
 
 def demo_sim_config() -> SimConfig:
-    """The simulator the demo runs against: one 24 GiB GPU, OLLAMA_NUM_PARALLEL=2, 4x simulated time."""
+    """The simulator the demo runs against: one 24 GiB GPU, OLLAMA_NUM_PARALLEL=2, 4x simulated time, and llama.cpp's
+    automatic fit off (``LLAMA_ARG_FIT=off``, as before Ollama's E3 engine): a load too big for the GPU fails with
+    Ollama's out-of-memory error rather than running partly, and slowly, on the CPU."""
     return SimConfig(
+        llama_fit=False,
         models=("llama3.1:8b", "qwen2.5:7b"),
         num_parallel=2,
         load_s=3.0,

@@ -3,12 +3,11 @@
 The process tests run ``kvgate serve`` as a user would (one process for the module), in front of a fake Ollama, with
 a model's real tokenizer (a GGUF vocabulary named in the settings, so small prompts count exactly), read its RSS from
 /proc and send the attacks of the issue, one test each: 8 concurrent 20 MiB chats, 20 concurrent 30 MiB bodies,
-5,000 distinct model names. They run at a quarter of the scale, against limits configured a quarter of the defaults,
-so every ratio stays: 4 chats of 5 MiB, five times ``counting.exact_count_max_bytes`` (1 MiB here, 4 MiB by default);
+5,000 distinct model names. They run at a quarter of the scale, against limits set to a quarter of the defaults, so
+the ratios stay: 4 chats of 5 MiB, five times ``counting.exact_count_max_bytes`` (1 MiB here, 4 MiB by default);
 12 bodies of 7.5 MiB, three times what ``server.max_held_body_bytes`` holds (32 MiB here, 128 MiB by default), each
-overflowing one waiting 0.2 s for room rather than 2; 1,000 names, over 60 times the bound on unlisted counter chains.
-The vocabulary is llama.cpp's LLaMA SPM one (32K tokens, loaded in ~0.1 s; Llama 3's 128K takes ~1 s), served as
-llama2:7b.
+overflowing one waiting 0.2 s for room rather than 2; 400 names, 25 times the bound on unlisted counter chains. The
+vocabulary is llama.cpp's LLaMA SPM one (32K tokens, served as llama2:7b): it loads in ~0.1 s, Llama 3's in ~1 s.
 
 Measured on the development box at full scale (before: the same attacks on the code before the bounds):
 
@@ -16,11 +15,13 @@ Measured on the development box at full scale (before: the same attacks on the c
     20 x 30 MiB bodies: before ~5.3 GB peak; now ~1.1 GB peak (the body budget answers the overflow with 503)
     5,000 model names: before one counter chain each; now at most 16 unlisted chains; after all: ~310-340 MB
 
-and here, at a quarter of the scale, on 2 cores: baseline ~BASE MB; 4 x 5 MiB chats: peak +CHATS MB; 12 x 7.5 MiB
-bodies: peak +BODIES MB (4 answered 400, 8 refused 503); 1,000 names: peak +NAMES MB; after each: +AFTER MB.
+and here, at a quarter of the scale (2 cores): baseline ~110 MB; 4 x 5 MiB chats: peak +45-50 MB; 12 x 7.5 MiB
+bodies: peak +70-90 MB (4 answered 400, 8 refused 503); 400 names: no growth; after each attack: +2-10 MB.
 
 The stated bound, scaled with the attacks: each attack's peak stays under baseline + RSS_PEAK_BOUND_MB, and RSS returns
-to baseline + RSS_AFTER_BOUND_MB once it is over.
+to baseline + RSS_AFTER_BOUND_MB once it is over and kvgate serves ordinary requests again (bursts of small chats: what
+an attack freed can stay in RSS however long kvgate idles, until later requests let the allocator and the collector
+give it back).
 """
 
 from __future__ import annotations

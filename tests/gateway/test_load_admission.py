@@ -74,7 +74,7 @@ async def test_a_load_that_cannot_fit_is_refused_with_the_numbers_not_relayed_as
     """The issue's reproduction: a foreign process holds 20 GiB of the 24; straight at Ollama the load fails with
     500 cudaMalloc; through kvgate it is a 503 naming the model, the bytes needed and free, with Retry-After, in each
     client's format, and the simulator never tried the load."""
-    async with simulator() as sim:
+    async with simulator(llama_fit=False) as sim:  # LLAMA_ARG_FIT=off: no partial offload to the CPU
         await foreign(sim, 20)
         status, _, body = await chat(sim, "llama3.1:8b")
         assert status == 500 and "cudaMalloc failed" in body["error"]
@@ -213,7 +213,8 @@ async def test_an_overcommitted_gpu_is_shown_and_new_loads_wait_then_are_refused
 
 @pytest.mark.parametrize("enabled", [True, False])
 async def test_residency_can_be_turned_off(enabled: bool) -> None:
-    async with simulator() as sim, running_gateway([backend_for(sim)], residency={"enabled": enabled}) as url:
+    async with simulator(llama_fit=False) as sim, running_gateway([backend_for(sim)],
+                                                                  residency={"enabled": enabled}) as url:
         await foreign(sim, 20)
         status, _, _ = await chat(url, "llama3.1:8b")
         assert status == (503 if enabled else 500)  # off: Ollama's own failure comes back, as before

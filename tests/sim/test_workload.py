@@ -23,7 +23,7 @@ from tests.sim.helpers import fast, running_sim
 
 async def test_demo_script_shows_ollamas_failure_modes() -> None:
     seen: list[tuple[int, int]] = []
-    async with running_sim(fast(num_parallel=2)) as url:
+    async with running_sim(fast(num_parallel=2, llama_fit=False)) as url:  # as the demo's: LLAMA_ARG_FIT=off
         report = await run_workload(url, name="direct", progress=lambda done, total, _: seen.append((done, total)))
     script = demo_script()
     total = sum(len(phase) for phase in script)
