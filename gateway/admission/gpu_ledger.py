@@ -35,7 +35,7 @@ from enum import StrEnum
 
 from gateway.memory.load_cost import LoadCost
 from gateway.memory.sources.ollama import LoadedModel
-from gateway.memory.vram import VramReading
+from gateway.memory.vram import DeviceMemory, VramReading
 
 
 class SizeSource(StrEnum):
@@ -78,6 +78,8 @@ class GpuBudget:
     residents: tuple[ResidentModel, ...]
     other_processes_bytes: int
     reserved_bytes: int
+    per_device: tuple[DeviceMemory, ...] = ()
+    """Each device's own reading (name, total, used, free), for the status page; the budget itself is the sum."""
 
     @property
     def resident_bytes(self) -> int:
@@ -111,6 +113,7 @@ def build_budget(
         backend=backend, source=reading.source, devices=len(reading.devices), total_bytes=reading.total_bytes,
         used_bytes=reading.used_bytes, residents=tuple(residents),
         other_processes_bytes=max(0, reading.used_bytes - resident_bytes), reserved_bytes=reserved_bytes,
+        per_device=reading.devices,
     )
 
 

@@ -61,4 +61,6 @@ def _budget_json(budget: GpuBudget) -> dict[str, Any]:
         "resident_bytes": budget.resident_bytes, "other_processes_bytes": budget.other_processes_bytes,
         "reserved_bytes": budget.reserved_bytes, "free_bytes": budget.free_bytes,
         "overcommitted": budget.overcommitted,
+        "per_device": [{"index": d.index, "name": safe_text(d.name), "total_bytes": d.total_bytes,
+                        "used_bytes": d.used_bytes, "free_bytes": d.free_bytes} for d in budget.per_device],
     }

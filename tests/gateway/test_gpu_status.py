@@ -60,6 +60,8 @@ async def test_status_and_metrics_show_the_gpu_ledger_of_the_simulated_gpu() -> 
             gpu = await until(settled)
             assert gpu["backend"] == "sim" and gpu["source"] == "exporter" and gpu["problem"] is None
             assert gpu["total_bytes"] == 24 * GIB
+            assert [(d["index"], d["total_bytes"], d["used_bytes"]) for d in gpu["per_device"]] == [
+                (0, 24 * GIB, gpu["used_bytes"])]
             assert [(m["name"], m["resident_bytes"], m["source"]) for m in gpu["models"]] == [
                 ("llama3.1:8b", size_vram, "reported")]
             assert gpu["reserved_bytes"] == 0 and gpu["overcommitted"] is False
