@@ -1,10 +1,10 @@
 """Issue 10, point 2: deadlines on the client side (gateway/serving.py, gateway/streaming.py).
 
 - Slowloris: ``kvgate serve`` in a process limited to 1,024 open files, 1,000 connections sending their headers a
-  byte at a time; with the default connection cap (which closes the longest-waiting connection to make room) 20
-  legitimate requests sent during the attack are all answered; with no cap (the header deadline alone) some fail
-  during the attack, and all are answered once the deadline has closed the slow connections, which it does within
-  about the header deadline.
+  byte at a time (a client whose SYN the full listen backlog drops gives up rather than retry a second later); with
+  the default connection cap (which closes the longest-waiting connection to make room) 20 legitimate requests sent
+  during the attack are all answered; with no cap (the header deadline alone) some fail during the attack, and all
+  are answered once the deadline has closed the slow connections, which it does within about the header deadline.
 - A body that trickles past ``server.body_timeout_s``: 408 in the route's dialect, nothing forwarded or reserved.
 - A client that stops reading a long stream: the response ends after ``server.client_write_timeout_s``, the ledger is
   back to zero, and the log and the metric name the client, not the backend.
@@ -33,6 +33,9 @@ LEGIT_REQUESTS = 20
 HEADER_TIMEOUT_S = 0.5
 TRICKLE_S = 0.25
 """A slow client's pause between header bytes: several bytes go out before the header deadline, none completes."""
+CONNECT_TIMEOUT_S = 0.9
+"""A slow client whose connection is not up by then gives up: its SYN was dropped (kvgate's listen backlog was full)
+and would be sent again only after a second (Linux's initial retransmission timeout), holding the test that long."""
 CHAT = {"model": "llama3.1:8b", "messages": [{"role": "user", "content": "hi"}], "stream": False}
 
 
@@ -53,7 +56,7 @@ def _raise_own_nofile(needed: int) -> None:
 async def _slow_client(port: int, opened: list[float], closed_after: list[float], stop: asyncio.Event) -> None:
     """Send a request's headers a byte every ``TRICKLE_S``; note how long the gateway kept the connection."""
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout=10)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError):
         return
     start = time.monotonic()
@@ -235,7 +238,7 @@ async def test_a_body_trickling_past_body_timeout_gets_408_and_reserves_nothing(
 
 async def test_headers_trickling_past_header_timeout_close_the_connection() -> None:
     async with running(FakeLLM()) as fake, running_gateway(
-        [{"name": "ollama", "kind": "ollama", "url": fake.url}], server={"header_timeout_s": 0.5},
+        [{"name": "ollama", "kind": "ollama", "url": fake.url}], server={"header_timeout_s": 0.3},
     ) as url:
         port = int(url.rsplit(":", 1)[1])
         received, took_s = await _raw_exchange(port, b"GET /api/tags HTTP/1.1\r\n", b"Host: 127.0.0.1\r\n" * 10,
@@ -245,7 +248,7 @@ async def test_headers_trickling_past_header_timeout_close_the_connection() -> N
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /kvgate/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
-        await asyncio.sleep(0.8)  # idle past the header deadline: keep-alive is not a request's headers
+        await asyncio.sleep(0.5)  # idle past the header deadline: keep-alive is not a request's headers
         writer.write(b"GET /kvgate/health HTTP/1.1\r\n")
         start = time.monotonic()
         rest = await asyncio.wait_for(reader.read(), timeout=5)  # body of the first answer, then EOF
@@ -257,7 +260,7 @@ async def test_a_client_that_stops_reading_is_cut_off_as_the_clients_fault(caplo
     caplog.set_level(logging.INFO)
     fake = FakeLLM(Script(chunks=150_000))
     async with running(fake), running_gateway(
-        [{"name": "ollama", "kind": "ollama", "url": fake.url}], server={"client_write_timeout_s": 1.0},
+        [{"name": "ollama", "kind": "ollama", "url": fake.url}], server={"client_write_timeout_s": 0.5},
     ) as url:
         port = int(url.rsplit(":", 1)[1])
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
