@@ -26,7 +26,9 @@ from gateway.config import load_settings
 
 if TYPE_CHECKING:
     from kvsim.config import SimConfig
+    from kvsim.workload.workload import RunReport
 
+PARTS = ("all", "one-model", "three-models")
 MIN_RESIDENT_SIM_S = 2.0
 """The multi-model phase's ``residency.min_resident_s``, in simulated seconds (about one load): kvgate runs on real
 time, so it is divided by the simulator's time scale."""
@@ -38,6 +40,9 @@ LOAD_WAIT_MIN_S = 1.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--details", action="store_true", help="also list every request's outcome")
     parser.add_argument("--timeout", type=float, default=20.0, metavar="S", help="per-request client timeout")
+    parser.add_argument("--part", choices=PARTS, default="all",
+                        help="one-model: six users on one model; three-models: users switching between three models "
+                        "that don't fit together, a foreign process halfway; all (default): both")
 
 
 class KvgateInFront:
@@ -122,30 +127,41 @@ async def run(args: argparse.Namespace, *, out: TextIO | None = None, sim_config
 
     out = out or sys.stdout
     logging.getLogger().setLevel(logging.ERROR)
+    part = getattr(args, "part", "all")
     out.write("kvgate demo: an Ollama on a simulated 24 GiB GPU (OLLAMA_NUM_PARALLEL=2); six users on one model in "
               "three phases,\nthen three models that don't fit together, users switching between them, a foreign "
               "process taking 8 GiB halfway\n"
               "legend: . completed  t trimmed (announced)  T silently truncated  X failed  r refused (503, "
               "Retry-After)  w still waiting\n")
-    direct, gated = await demo.compare(
-        _kvgate_in_front, config=sim_config, progress=_Progress(out), timeout_s=args.timeout
-    )
-    mm_config = multi_model_config
-    if mm_config is None:
-        mm_config = multi_model_sim_config()
-        if sim_config is not None:
-            speedup = sim_config.time_scale / demo_sim_config().time_scale
-            mm_config = dataclasses.replace(mm_config, time_scale=mm_config.time_scale * speedup,
-                                            tokenizer_cache_dir=sim_config.tokenizer_cache_dir)  # fmt: skip
-    front = multi_model_front(mm_config.time_scale)
-    mm_direct, mm_gated = await demo.compare_multi_model(
-        front, gateway_counts=front.counts, config=mm_config, progress=_Progress(out, "three models, "),
-        timeout_s=args.timeout,
-    )
+    reports: list[RunReport] = []
+    if part in ("all", "one-model"):
+        direct, gated = await demo.compare(
+            _kvgate_in_front, config=sim_config, progress=_Progress(out), timeout_s=args.timeout
+        )
+        reports += [direct, gated]
+    if part in ("all", "three-models"):
+        mm_config = multi_model_config
+        if mm_config is None:
+            mm_config = multi_model_sim_config()
+            if sim_config is not None:
+                speedup = sim_config.time_scale / demo_sim_config().time_scale
+                mm_config = dataclasses.replace(mm_config, time_scale=mm_config.time_scale * speedup,
+                                                tokenizer_cache_dir=sim_config.tokenizer_cache_dir)  # fmt: skip
+        front = multi_model_front(mm_config.time_scale)
+        mm_direct, mm_gated = await demo.compare_multi_model(
+            front, gateway_counts=front.counts, config=mm_config, progress=_Progress(out, "three models, "),
+            timeout_s=args.timeout,
+        )
+        reports += [mm_direct, mm_gated]
     title = "three models on 24 GiB, users switching, a foreign process takes 8 GiB halfway:"
-    out.write("\n" + render_comparison(direct, gated, sections=[(title, mm_direct, mm_gated, MULTI_MODEL_ROWS)])
-              + "\n")
+    if part == "all":
+        table = render_comparison(direct, gated, sections=[(title, mm_direct, mm_gated, MULTI_MODEL_ROWS)])
+    elif part == "one-model":
+        table = render_comparison(direct, gated)
+    else:
+        table = title + "\n" + render_comparison(mm_direct, mm_gated, MULTI_MODEL_ROWS)
+    out.write("\n" + table + "\n")
     if args.details:
-        for report in (direct, gated, mm_direct, mm_gated):
+        for report in reports:
             out.write(f"\n{report.name}:\n{render_outcomes(report)}\n")
     return 0

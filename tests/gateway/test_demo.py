@@ -29,26 +29,36 @@ def faster() -> SimConfig:
     return dataclasses.replace(config, time_scale=config.time_scale * DEMO_SPEEDUP, tokenizer_cache_dir=cache)
 
 
-async def test_demo_shows_kvgate_preventing_oom_truncation_and_reloads(faster: SimConfig) -> None:
-    out = io.StringIO()
-    assert await run(build_parser().parse_args(["demo"]), out=out, sim_config=faster) == 0
+def _table(text: str, prefix: str = "") -> dict[str, tuple[str, str]]:
+    """The demo table's rows (those whose label starts with ``prefix``, which is dropped): label -> (direct, kvgate)."""
     rows = {}
-    for line in out.getvalue().splitlines():
+    for line in text.splitlines():
         parts = line.rsplit(maxsplit=2)
-        if len(parts) == 3 and parts[1].replace(".", "").isdigit():
-            rows[parts[0].strip()] = (parts[1], parts[2])
-    direct, gated = zip(*[(float(a), float(b)) for a, b in rows.values()], strict=True)
-    table = dict(zip(rows, zip(direct, gated, strict=True), strict=True))
+        if len(parts) == 3 and line.startswith(prefix) and (parts[1] == "-" or parts[1].replace(".", "").isdigit()):
+            rows[parts[0].removeprefix(prefix).strip()] = (parts[1], parts[2])
+    return rows
+
+
+async def _demo(part: str, config: SimConfig) -> str:
+    out = io.StringIO()
+    assert await run(build_parser().parse_args(["demo", "--part", part]), out=out, sim_config=config) == 0
+    return out.getvalue()
+
+
+async def test_demo_shows_kvgate_preventing_oom_truncation_and_reloads(faster: SimConfig) -> None:
+    text = await _demo("one-model", faster)
+    table = {label: (float(a), float(b)) for label, (a, b) in _table(text).items()}
     assert table["failed: out of memory"][0] > 0 and table["failed: out of memory"][1] == 0
     assert table["silently truncated"][0] > 0 and table["silently truncated"][1] == 0
     assert table["model reloads"][0] > 0 and table["model reloads"][1] == 0
     assert table["completed"][1] == table["requests"][1]
-    # the multi-model phase (kvsim.workload.multi_model): its rows, "3 models: ...", direct then through kvgate
-    multi = {}
-    for line in out.getvalue().splitlines():
-        if line.startswith("3 models: "):
-            label, left, right = line.rsplit(maxsplit=2)
-            multi[label.removeprefix("3 models: ").strip()] = (left, right)
+    assert "3 models: " not in text
+
+
+async def test_demo_three_models_and_a_foreign_process(faster: SimConfig) -> None:
+    """The multi-model part (kvsim.workload.multi_model): its rows, "3 models: ...", direct then through kvgate."""
+    text = await _demo("three-models", faster)
+    multi = _table(text, "3 models: ")
     assert int(multi["failed: out of memory"][0]) > 0 and multi["failed: out of memory"][1] == "0"
     assert multi["loads that hit OOM (GPU)"][1] == "0" and multi["runner crashes: OOM (GPU)"][1] == "0"
     assert multi["refused (503, Retry-After)"][0] == "0" and int(multi["refused (503, Retry-After)"][1]) > 0
