@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,18 +16,20 @@ pytest_plugins = ["tests.conftest_llama"]
 CACHE_ENV = "KVGATE_COUNTING__CACHE_DIR"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _tokenizer_cache_of_this_run() -> Iterator[None]:
+_own_cache_dir: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
     """Tokenizers kvgate converts during the tests go to a directory of this run, never the user's
     ~/.cache/kvgate (a test that wants a cold cache gives its own ``counting.cache_dir``)."""
-    if CACHE_ENV in os.environ:
-        yield
-        return
-    path = tempfile.mkdtemp(prefix="kvgate-test-tokenizers-")
-    os.environ[CACHE_ENV] = path
-    try:
-        yield
-    finally:
+    if CACHE_ENV not in os.environ:
+        path = tempfile.mkdtemp(prefix="kvgate-test-tokenizers-")
+        os.environ[CACHE_ENV] = path
+        _own_cache_dir.append(path)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for path in _own_cache_dir:
         os.environ.pop(CACHE_ENV, None)
         shutil.rmtree(path, ignore_errors=True)
 
@@ -51,7 +54,32 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         shared_tokenizer(vocab)
         vector_tokenizer(vocab)
     warm_sim_tokenizers(*(name for name, spec in CATALOG.items() if spec.vocab is not None))
+    asyncio.run(_warm_kvgate_tokenizers(KVGATE_WARM_MODELS))
     _warm_up_s.append(time.monotonic() - started)
+
+
+KVGATE_WARM_MODELS = ("llama3.1:8b", "qwen2.5:7b", "phi3:mini")
+"""The simulator's models most tests send: kvgate's own tokenizers for them are converted before a large run, into
+the run's counting cache, through kvgate's Ollama path (``OllamaShowSource``: /api/tags digest, verbose /api/show)."""
+
+
+async def _warm_kvgate_tokenizers(models: tuple[str, ...]) -> None:
+    import aiohttp
+
+    from gateway.backends.client import BackendClient
+    from gateway.tokens.sources import OllamaShowSource
+    from kvsim.config import SimConfig
+    from kvsim.runner import start_sim
+    from tests.tokens.vocab_vectors import SESSION_CACHE_DIR
+
+    runner, url = await start_sim(SimConfig(models=models, tokenizer_cache_dir=SESSION_CACHE_DIR))
+    try:
+        async with aiohttp.ClientSession() as session:
+            client = BackendClient(session, url)
+            for model in models:
+                await OllamaShowSource(client, model, cache_dir=Path(os.environ[CACHE_ENV])).load()
+    finally:
+        await runner.cleanup()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

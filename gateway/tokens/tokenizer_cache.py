@@ -21,6 +21,7 @@ import os
 import re
 import tempfile
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +30,11 @@ import orjson
 import tokenizers
 
 CONVERTER_VERSION = 1
+LOADED_KEPT = 4
+"""Tokenizers loaded from this process's cache files, kept for the next load of the same unchanged file (a
+configuration reload, a second app in one process): reading a tokenizer.json costs nearly as much as converting it
+(0.7 s for Llama 3's). Never mutated by kvgate, so one object serves every counter of that vocabulary."""
+_LOADED: OrderedDict[tuple[str, int, int, int], tokenizers.Tokenizer] = OrderedDict()
 _SAFE_KEY = re.compile(r"[^A-Za-z0-9._-]+")
 
 _INDEX_VERSION = 1
@@ -68,13 +74,26 @@ class TokenizerCache:
 
     def load(self, key: str) -> tokenizers.Tokenizer | None:
         path = self.path_for(key)
+        try:
+            stat = path.stat()
+        except OSError:
+            return None
         if not path.is_file():
             return None
+        identity = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+        loaded = _LOADED.get(identity)
+        if loaded is not None:
+            _LOADED.move_to_end(identity)
+            return loaded
         try:
-            return tokenizers.Tokenizer.from_file(str(path))
+            loaded = tokenizers.Tokenizer.from_file(str(path))
         except Exception as exc:  # a truncated or foreign file: rebuild it
             log.warning("ignoring unreadable cached tokenizer %s: %s", path, exc)
             return None
+        _LOADED[identity] = loaded
+        while len(_LOADED) > LOADED_KEPT:
+            _LOADED.popitem(last=False)
+        return loaded
 
     def store(self, key: str, tokenizer_json: str | bytes) -> Path:
         path = self.path_for(key)

@@ -42,6 +42,7 @@ def _table(text: str, prefix: str = "") -> dict[str, tuple[str, str]]:
 async def _demo(part: str, config: SimConfig) -> str:
     out = io.StringIO()
     assert await run(build_parser().parse_args(["demo", "--part", part]), out=out, sim_config=config) == 0
+    print(out.getvalue())
     return out.getvalue()
 
 

@@ -1,12 +1,13 @@
 """No false refusals from the first request (issue 9, point 7).
 
-A FRESH kvgate in front of the simulated Ollama gets 50 varied chats (with and without a system prompt, one to many
-turns, tool results where the family has them, unicode, lengths spread up to the context). Each chat's true prompt
-length is the simulator's own render + tokenize, checked against the prompt_eval_count it reports. Every chat whose
-true prompt plus its output fits the context must be forwarded unchanged, and the count kvgate states in
-X-Kvgate-Prompt-Tokens must equal prompt_eval_count when the counter calls it exact (phi3 included: the simulator
-gives phi-3's special tokens llama.cpp's right-strip, so `<|end|>\n` is one token in both), and be within the
-counter's stated tolerance (the one kvgate's truncation check allows it) when it calls it an estimate.
+A FRESH kvgate in front of the simulated Ollama gets 17 varied chats of one model (three tests: one per model
+family), with and without a system prompt, one to many turns, tool results where the family has them, unicode,
+lengths spread up to the context. Each chat's true prompt length is the simulator's own render + tokenize, checked
+against the prompt_eval_count it reports. Every chat whose true prompt plus its output fits the context must be
+forwarded unchanged, and the count kvgate states in X-Kvgate-Prompt-Tokens must equal prompt_eval_count when the
+counter calls it exact (phi3 included: the simulator gives phi-3's special tokens llama.cpp's right-strip, so
+`<|end|>\n` is one token in both), and be within the counter's stated tolerance (the one kvgate's truncation check
+allows it) when it calls it an estimate.
 
 kvgate runs with its DEFAULT counting settings and an empty tokenizer cache, as on a first start. Converting a
 model's tokenizer from /api/show takes 0.7-1.8 s here, longer than `count_budget_s` (0.25 s), so the first chat of
@@ -42,6 +43,7 @@ _TEXT = ("the model answers quickly because the context holds every token we sen
          "3.14159 and 2048, code `print(1)`, <b>tags</b> & symbols")
 WORDS = tuple(_TEXT.split(" "))
 ESTIMATE_MARGIN = 0.10  # counting.estimate_safety_margin, default
+CHATS_PER_MODEL = 17  # 51 chats over the three models, as one fresh kvgate per model
 
 
 def true_prompt_tokens(model: str, messages: list[dict[str, Any]]) -> int:
@@ -100,14 +102,17 @@ async def sim() -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-async def test_fresh_kvgate_counts_within_tolerance_and_refuses_nothing_that_fits(sim: str, tmp_path: Path) -> None:
-    rng = random.Random(9)
+@pytest.mark.parametrize("model", MODELS)
+async def test_fresh_kvgate_counts_within_tolerance_and_refuses_nothing_that_fits(
+    sim: str, tmp_path: Path, model: str
+) -> None:
+    """One model per fresh kvgate, so each test converts one tokenizer cold (CHATS_PER_MODEL chats meanwhile)."""
+    rng = random.Random(f"9-{model}")
     backend = {"name": "sim", "kind": "ollama", "url": sim, "context_tokens": CONTEXT_TOKENS, "parallel": 1}
     rows: list[tuple[str, int, int, int, int, str, str]] = []
     fresh = {"cache_dir": str(tmp_path)}  # default counting settings, and an empty tokenizer cache: a first start
     async with running_gateway([backend], counting=fresh) as url, aiohttp.ClientSession() as http:
-        for i in range(50):
-            model = MODELS[i % len(MODELS)]
+        for _ in range(CHATS_PER_MODEL):
             output_tokens = rng.choice((16, 64, 256))
             target = int(rng.uniform(0.0, 1.05) * (CONTEXT_TOKENS - output_tokens))
             chat = make_chat(rng, model, max(8, target), output_tokens)
@@ -134,16 +139,14 @@ async def test_fresh_kvgate_counts_within_tolerance_and_refuses_nothing_that_fit
             tolerance = tolerance_tokens(counted, exact=False, byte_estimate=counter.startswith("estimate;"),
                                          estimate_margin=ESTIMATE_MARGIN)
             assert counted - tolerance <= truth, (row, tolerance)
-    for model in MODELS:  # the estimate only bridges the tokenizer's load
-        last = [r for r in rows if r[0] == model][-1]
-        assert last[5].endswith("; exact"), last
+    assert rows[-1][5].endswith("; exact"), rows[-1]  # the estimate only bridges the tokenizer's load
 
 
 def _print_table(rows: list[tuple[str, int, int, int, int, str, str]]) -> None:
     print(f"\n{'model':14s} {'msgs':>4s} {'true':>6s} {'out':>4s} {'kvgate':>6s} {'diff':>5s}  {'counter':14s} outcome")
     for model, n, truth, out, counted, counter, outcome in rows:
         print(f"{model:14s} {n:4d} {truth:6d} {out:4d} {counted:6d} {counted - truth:5d}  {counter:14s} {outcome}")
-    for model in MODELS:
+    for model in dict.fromkeys(r[0] for r in rows):
         mine = [r for r in rows if r[0] == model]
         exact = sum(1 for r in mine if r[5].endswith("; exact") and r[4] == r[2])
         estimated = sum(1 for r in mine if r[5].endswith("; estimate"))

@@ -135,3 +135,19 @@ def test_a_file_modified_just_now_is_not_indexed(tmp_path: Path, reads: list[Pat
     load_gguf_tokenizer(model, cache_dir=cache_dir)
     load_gguf_tokenizer(model, cache_dir=cache_dir)
     assert reads == [model, model] and not _index_entries(cache_dir)
+
+
+def test_a_loaded_tokenizer_is_kept_for_the_next_load_of_the_unchanged_file(tmp_path: Path) -> None:
+    """Reading a tokenizer.json costs nearly as much as converting it: the process keeps the few it loaded last,
+    by file identity, so a rewritten file is read again and a removed one is a miss."""
+    cache = TokenizerCache(tmp_path)
+    document = load_gguf_tokenizer(vocab_path("llama-spm")).to_str()
+    cache.store("k", document)
+    first = cache.load("k")
+    assert first is not None and cache.load("k") is first
+    path = cache.path_for("k")
+    os.utime(path, ns=(AN_HOUR_AGO_NS, AN_HOUR_AGO_NS))  # another identity: read anew
+    again = cache.load("k")
+    assert again is not None and again is not first and again.encode(TEXT).ids == first.encode(TEXT).ids
+    path.unlink()
+    assert cache.load("k") is None
