@@ -18,7 +18,6 @@ from typing import Any, Literal
 from pydantic import (
     BaseModel,
     ByteSize,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -35,6 +34,8 @@ from pydantic_settings import (
 )
 from yarl import URL
 
+from gateway.config_base import _Strict
+from gateway.config_fitting import FittingOverrides, FittingSettings
 from gateway.domain import BackendKind
 from gateway.memory.kv import CacheType, parse_cache_type
 from gateway.memory.vram import parse_size
@@ -69,8 +70,6 @@ def _existing_file(value: Path | None) -> Path | None:
     return value
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Timeouts(_Strict):
@@ -221,6 +220,7 @@ class ModelSettings(_Strict):
     priority: int = Field(
         default=0, description="Ollama: a model is unloaded for another only if its priority is not higher",
     )
+    fitting: FittingOverrides = FittingOverrides()
 
     @field_validator("gguf_path", "tokenizer_json")
     @classmethod
@@ -258,6 +258,7 @@ class TenantSettings(_Strict):
     max_prompt_tokens: int | None = Field(default=None, ge=1)
     max_output_tokens: int | None = Field(default=None, ge=1)
     priority: int = Field(default=0, description="higher is served first from the queue")
+    fitting: FittingOverrides = FittingOverrides()
 
     @field_validator("api_keys")
     @classmethod
@@ -335,6 +336,7 @@ class Settings(BaseSettings):
     counting: CountingConfig = CountingConfig()
     admission: AdmissionConfig = AdmissionConfig()
     residency: ResidencyConfig = ResidencyConfig()
+    fitting: FittingSettings = FittingSettings()
     tenants: dict[str, TenantSettings] = Field(default_factory=dict, description="API key -> tenant, with caps")
     models: dict[str, ModelSettings] = Field(default_factory=dict, description="per-model settings, by name")
 

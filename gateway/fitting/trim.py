@@ -96,7 +96,7 @@ def _tool_pairs(messages: Sequence[Message]) -> Iterator[tuple[int, int]]:
             call_at.update(dict.fromkeys(ids, index))
 
 
-def _cuts(messages: Sequence[Message]) -> list[int]:
+def turn_cuts(messages: Sequence[Message]) -> list[int]:
     """Where the kept history may begin, oldest first: dropping ``k`` turns keeps from ``cuts[k - 1]`` on.
 
     A cut is a message opening a turn, after the first turn, that no tool call before it still waits on.
@@ -117,7 +117,8 @@ def _cuts(messages: Sequence[Message]) -> list[int]:
     return cuts
 
 
-def _kept(messages: Sequence[Message], cut: int) -> list[Message]:
+def kept_from(messages: Sequence[Message], cut: int) -> list[Message]:
+    """The history from ``cut`` on, with the system and developer messages before it kept in place."""
     return [m for i, m in enumerate(messages) if i >= cut or m.get("role") in KEPT_ROLES]
 
 
@@ -126,10 +127,10 @@ async def trim_history(messages: Sequence[Message], count: CountFn, target_token
 
     None when nothing can be dropped, or when even dropping every turn but the newest is too long.
     """
-    cuts = _cuts(messages)
+    cuts = turn_cuts(messages)
 
     async def dropping(turns: int) -> Trimmed:
-        kept = _kept(messages, cuts[turns - 1])
+        kept = kept_from(messages, cuts[turns - 1])
         return Trimmed(kept, len(messages) - len(kept), await count(kept))
 
     if not cuts:
