@@ -28,6 +28,8 @@ from gateway.backends.probes import BackendProbes
 from gateway.config import ServerSettings, Settings
 from gateway.domain import Dialect, Operation
 from gateway.errors import AdminOnly, GatewayError
+from gateway.fitting.summaries import Summaries
+from gateway.fitting.summarizer import InternalCalls, Summarizer
 from gateway.memory.vram import VramSource
 from gateway.observability.gpus import gpu_rows, refresh_gpus
 from gateway.observability.metrics import CONTENT_TYPE, Metrics
@@ -55,6 +57,7 @@ STATUS_GPU_WAIT_S = 1.0
 """How long a /kvgate/status read waits for fresh GPU readings before it shows the last ones."""
 LOAD_RESERVATIONS = web.AppKey("load_reservations", LoadReservations)
 LOADS = web.AppKey("loads", LoadGate)
+INTERNAL = web.AppKey("internal", InternalCalls)
 
 SessionFactory = Callable[[], aiohttp.ClientSession]
 
@@ -98,6 +101,7 @@ def create_app(
     app[GPU_REFRESHES] = SingleFlight()
     app[GPU_BOARD] = GpuBoard()  # the GPU ledger's last budgets: refreshed on status reads and in the loop below
     app[LOAD_RESERVATIONS] = LoadReservations()
+    app[INTERNAL] = InternalCalls()  # kvgate's requests to itself (summaries); its address is set once it listens
     metrics.watch_gpus(app[GPU_BOARD])
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -117,10 +121,13 @@ def create_app(
             if reason is not None:
                 log.warning("%s", reason)
         checks = asyncio.gather(*(pools.check_configured(backend) for backend in registry.backends))
-        app[ADMITTER] = Admitter(settings.admission, pools, room, loads)
+        summaries = Summaries(Summarizer(session, app[INTERNAL]), cache_entries=settings.fitting.summary_cache_entries)
+        metrics.watch_summaries(summaries)
+        app[ADMITTER] = Admitter(settings.admission, pools, room, loads, summaries)
         metrics.watch_pools(room, pools.known)
         app[POOLS] = pools
-        app[PROXY] = Proxy(settings, registry, app[PROMPT_COUNTER], app[ADMITTER], metrics, tenants)
+        app[PROXY] = Proxy(settings, registry, app[PROMPT_COUNTER], app[ADMITTER], metrics, tenants,
+                           internal=app[INTERNAL])
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
         gpu_refresher = asyncio.create_task(_refresh_gpus_forever(app)) if refresh_models else None
         yield
@@ -315,4 +322,16 @@ async def start_server(app: web.Application, host: str, port: int) -> tuple[web.
     server = site._server
     sockets = getattr(server, "sockets", None) or []
     bound_port = int(sockets[0].getsockname()[1]) if sockets else port
+    internal = app.get(INTERNAL)
+    if internal is not None:
+        internal.url = f"http://{_reachable(host)}:{bound_port}"
     return runner, bound_port
+
+
+def _reachable(host: str) -> str:
+    """The address kvgate reaches itself at when it listens on ``host`` (loopback for the wildcard)."""
+    if host in ("", "0.0.0.0"):  # noqa: S104 (not a bind: the wildcard kvgate listens on)
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+KVGATE_ONLY = frozenset({"x-kvgate-internal", "x-kvgate-route-backend"})
+"""Headers meant for kvgate itself (its own summary requests): never sent on to a backend."""
 HOP_BY_HOP = frozenset(
     name.lower()
     for name in (
@@ -42,7 +44,7 @@ def upstream_request_headers(
     """End-to-end headers of the client's request, with Host set to the upstream (Ollama checks it). A client's
     key for kvgate itself (``strip_client_keys``) never travels on to the backend. A body kvgate read and decoded
     (``body_decoded``) goes on without its Content-Encoding; one streamed through keeps it, with its bytes."""
-    drop = HOP_BY_HOP | _connection_listed(incoming) | {"host", "content-length", REQUEST_ID.lower()}
+    drop = HOP_BY_HOP | _connection_listed(incoming) | {"host", "content-length", REQUEST_ID.lower()} | KVGATE_ONLY
     if body_decoded:
         drop |= {"content-encoding"}
     if strip_client_keys:

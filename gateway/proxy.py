@@ -42,7 +42,9 @@ from gateway.body.budget import BodyBudget, BodyLease
 from gateway.body.reader import read_body
 from gateway.config import Settings
 from gateway.domain import KV_OPERATIONS, BackendKind, Dialect, Operation, ParsedRequest
-from gateway.errors import BackendUnavailable, GatewayError, InternalError
+from gateway.errors import BackendUnavailable, BadRequest, GatewayError, InternalError
+from gateway.fitting.policy import FitPolicy, policy_for
+from gateway.fitting.summarizer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, InternalCalls
 from gateway.headers import REQUEST_ID, upstream_request_headers
 from gateway.observability import truncation
 from gateway.observability.logs import request_id_var, sanitize
@@ -99,8 +101,10 @@ class Proxy:
         metrics: Metrics,
         tenants: TenantDirectory,
         clock: Callable[[], float] = time.perf_counter,
+        internal: InternalCalls | None = None,
     ) -> None:
         self._settings = settings
+        self._internal = internal
         self._registry = registry
         self._counter = counter
         self._admitter = admitter
@@ -119,7 +123,8 @@ class Proxy:
         trace = _Trace()
         lease = self._bodies.lease()  # the body bytes this request holds, given back when it is over
         try:
-            tenant = self._tenants.identify(request.headers)
+            internal = self._internal is not None and self._internal.is_internal(request.headers)
+            tenant = Tenant(SUMMARIZER_TENANT) if internal else self._tenants.identify(request.headers)
             detail["tenant"] = tenant.name
             response = await self._dispatch(request, route, dialect, request_id, tenant, lease, trace)
             status = response.status
@@ -179,7 +184,7 @@ class Proxy:
                     backend.listed_at_s = None  # a pull, create, copy or delete: list its models anew when asked
         raw = await read_body(request, lease, max_bytes=int(self._settings.server.max_body_bytes))
         parsed = dialects.parse(dialect, route.operation, dialects.decode_body(raw), request.path)
-        backend = await self._registry.resolve(parsed.model, route.kind)
+        backend = await self._backend_for(request, parsed, route, tenant)
         trace.backend = backend.name
         if not parsed.allocates_kv:
             try:
@@ -199,6 +204,7 @@ class Proxy:
                 parsed, raw, pool, count, tenant, lambda: _gone(request),
                 lambda changed: self._counter.count(
                     changed, backend, model, budget_s=self._settings.counting.refusal_count_wait_s),
+                self._fit_policy(tenant, model),
             )
             trace.outcome = admitted.outcome
             try:
@@ -214,6 +220,25 @@ class Proxy:
             return response
         finally:
             claim.release()
+
+    async def _backend_for(self, request: web.Request, parsed: ParsedRequest, route: Route, tenant: Tenant) -> Backend:
+        """The backend the model routes to; kvgate's own summary requests may name one (``X-Kvgate-Route-Backend``,
+        ignored on a client's request)."""
+        named = request.headers.get(ROUTE_BACKEND_HEADER)
+        if named and tenant.name == SUMMARIZER_TENANT and self._internal is not None \
+                and self._internal.is_internal(request.headers):
+            found = next((b for b in self._registry.backends if b.name == named), None)
+            if found is None:
+                raise BadRequest(f"fitting.summary_backend names backend {named!r}; kvgate has "
+                                 f"{', '.join(b.name for b in self._registry.backends)}")
+            return found
+        return await self._registry.resolve(parsed.model, route.kind)
+
+    def _fit_policy(self, tenant: Tenant, model: str | None) -> FitPolicy:
+        """What a request too long for its context may have done to it; kvgate's own summary requests are never
+        summarized themselves."""
+        policy = policy_for(self._settings, tenant=tenant.name, model=model)
+        return policy.without_summaries() if tenant.name == SUMMARIZER_TENANT else policy
 
     def _after_load_request(self, parsed: ParsedRequest, backend: Backend) -> None:
         """An Ollama chat or generate without a prompt loads (or unloads) the model: its context is read anew."""

@@ -15,7 +15,7 @@ from typing import Any
 from gateway import dialects
 from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, Rewrites, WaitingRoom
 from gateway.admission.loads import Claim, LoadGate
-from gateway.admission.outcome import AdmissionOutcome, Admitted, Reserved, Trim
+from gateway.admission.outcome import AdmissionOutcome, Admitted, Reserved, SummaryNote, Trim
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
 from gateway.admission.pools import PoolDirectory
 from gateway.admission.tenants import Tenant
@@ -23,7 +23,11 @@ from gateway.backends import Backend
 from gateway.config import AdmissionConfig
 from gateway.domain import ParsedRequest
 from gateway.errors import BadRequest
+from gateway.fitting.head_tail import keep_head_and_tail
+from gateway.fitting.policy import FitPolicy
 from gateway.fitting.rewrite import apply_rewrites, encode_body
+from gateway.fitting.summaries import Summaries
+from gateway.fitting.summarize import SummaryFailed
 from gateway.fitting.trim import trim_history
 from gateway.tokens import TokenCount
 
@@ -38,6 +42,9 @@ class NoClaim:
 
 
 NO_CLAIM = NoClaim()
+DEFAULT_FIT = FitPolicy(remedies=("trim", "refuse"), keep_newest_turns=1, summary_model=None, summary_backend=None,
+                        summary_instructions="", summary_max_tokens=16, summary_timeout_s=1.0)
+"""Without a policy (tests, tools): ``admission.on_too_long`` (trim, then refuse; or refuse)."""
 
 
 def policy_from(config: AdmissionConfig) -> Policy:
@@ -62,6 +69,7 @@ class _Fitted:
     permit: Permit
     recount: TokenCount | None = None
     trim: Trim | None = None
+    summary: SummaryNote | None = None
 
 
 def _tenant_capped(parsed: ParsedRequest, raw: bytes, cap: int | None, outcome: AdmissionOutcome) -> Admitted:
@@ -90,13 +98,17 @@ def _output_cap(parsed: ParsedRequest, tenant: Tenant) -> tuple[int | None, bool
 
 class Admitter:
     def __init__(
-        self, config: AdmissionConfig, pools: PoolDirectory, room: WaitingRoom, loads: LoadGate | None = None
+        self, config: AdmissionConfig, pools: PoolDirectory, room: WaitingRoom, loads: LoadGate | None = None,
+        summaries: Summaries | None = None,
     ) -> None:
         self._config = config
         self._policy = policy_from(config)
         self._pools = pools
         self.room = room
         self._loads = loads
+        self._summaries = summaries
+        self._default_fit = replace(DEFAULT_FIT, remedies=("trim", "refuse") if config.on_too_long == "trim"
+                                    else ("refuse",))
 
     async def pool_for(self, backend: Backend, model: str | None) -> PoolSpec | None:
         """The pool a KV-allocating request lands in; None when admission is off or the backend is forwarded
@@ -135,8 +147,10 @@ class Admitter:
         tenant: Tenant,
         is_disconnected: Callable[[], bool],
         recount: Recount,
+        fit: FitPolicy | None = None,
     ) -> Admitted:
-        """Reserve the request's sequences in ``pool`` (waiting if it must) and rewrite its body as planned.
+        """Reserve the request's sequences in ``pool`` (waiting if it must) and rewrite its body as planned; a
+        request too long for the context meets ``fit``'s remedies (default: trim, then refuse).
 
         Nothing is refused on an estimate: a prompt that looks too long (for the tenant's cap or the context) is
         counted for real first (``recount`` waits for a tokenizer still loading)."""
@@ -161,7 +175,8 @@ class Admitter:
         policy = self._policy
         if tenant.max_active is not None:
             policy = replace(policy, per_tenant_max_active=tenant.max_active)
-        fitted = await self._acquire_fitting(parsed, pool, cost, policy, is_disconnected, recount)
+        fit = fit or self._default_fit
+        fitted = await self._acquire_fitting(parsed, pool, cost, policy, is_disconnected, recount, fit)
         permit = fitted.permit
         rewrites = permit.admit.rewrites
         if capped and rewrites.max_output_tokens is None:
@@ -169,7 +184,7 @@ class Admitter:
         try:
             body, changes = apply_rewrites(fitted.parsed, rewrites)
             if body is None and fitted.parsed is not parsed:
-                body = fitted.parsed.body  # trimmed, nothing else to change
+                body = fitted.parsed.body  # trimmed or summarized, nothing else to change
             forwarded = raw if body is None else encode_body(body)
         except BaseException:
             permit.release()
@@ -180,6 +195,7 @@ class Admitter:
         lowered = self._pools.lowered_for(pool)
         outcome = replace(
             outcome, recount=fitted.recount or outcome.recount, rewrites=tuple(changes), trim=fitted.trim,
+            summary=fitted.summary,
             waited_s=permit.waited_s, reserved=Reserved(pool.key, admit.reserve_tokens, admit.sequences),
             notes=(*self._pools.notes_for(pool), *admit.notes),
             context_lowered=None if lowered is None else (lowered.asked_tokens, lowered.loaded_tokens),
@@ -188,10 +204,11 @@ class Admitter:
 
     async def _acquire_fitting(
         self, parsed: ParsedRequest, pool: PoolSpec, cost: RequestCost, policy: Policy,
-        is_disconnected: Callable[[], bool], recount: Recount,
+        is_disconnected: Callable[[], bool], recount: Recount, fit: FitPolicy,
     ) -> _Fitted:
-        """A permit for the request as it is, or once really counted, or trimmed to fit; the request and cost it
-        was granted for. A prompt too long for the context is refused only after all three."""
+        """A permit for the request as it is, or once really counted, or changed by the first of ``fit``'s remedies
+        that makes it fit; the request and cost it was granted for. A prompt too long for the context is refused
+        only after all of them."""
         permit = await self._acquire(pool, cost, policy, is_disconnected)
         counted: TokenCount | None = None
         if isinstance(permit, AdmissionRejected) and not cost.prompt_exact:
@@ -203,12 +220,91 @@ class Admitter:
                 counted = None
         if not isinstance(permit, AdmissionRejected):
             return _Fitted(parsed, cost, permit, counted)
-        trimmed = await self._trim(permit, parsed, pool, cost, recount)
-        if trimmed is None:
+        remedied = await self._remedy(permit, parsed, pool, cost, recount, fit)
+        if remedied is None:
             raise permit
-        parsed, trimmed_cost, trim = trimmed
-        granted = await self.room.acquire(pool.key, pool, trimmed_cost, policy, is_disconnected=is_disconnected)
-        return _Fitted(parsed, trimmed_cost, granted, counted, trim)
+        changed, changed_cost, trim, summary = remedied
+        granted = await self.room.acquire(pool.key, pool, changed_cost, policy, is_disconnected=is_disconnected)
+        return _Fitted(changed, changed_cost, granted, counted, trim, summary)
+
+    def _target_tokens(self, pool: PoolSpec, cost: RequestCost) -> int:
+        """The prompt length a changed request must reach: the context less room for the output (its limit, at most
+        a quarter of the context), less the estimate's margin."""
+        output = min(cost.max_output_tokens or self._config.default_output_tokens, pool.slot_ctx_tokens // 4)
+        margin = 1.0 if cost.prompt_exact else 1.0 + self._config.estimate_margin
+        return int((pool.slot_ctx_tokens - output - 1) / margin)
+
+    async def _remedy(
+        self, rejected: AdmissionRejected, parsed: ParsedRequest, pool: PoolSpec, cost: RequestCost,
+        recount: Recount, fit: FitPolicy,
+    ) -> tuple[ParsedRequest, RequestCost, Trim | None, SummaryNote | None] | None:
+        """The request changed by the first remedy that makes it fit, with what was done; None when none does."""
+        if rejected.code != CONTEXT_LENGTH_EXCEEDED:
+            return None
+        target = self._target_tokens(pool, cost)
+        failed: list[str] = []
+        for remedy in fit.effective_remedies():
+            if remedy == "summarize" and parsed.messages and self._summaries is not None:
+                summarized = await self._summarize(parsed, cost, recount, fit, target, failed)
+                if summarized is not None:
+                    return summarized
+            elif remedy == "trim":
+                trimmed = await self._trim(parsed, cost, recount, target, failed)
+                if trimmed is not None:
+                    return trimmed
+        if failed:
+            rejected.message = f"{rejected.message} ({'; '.join(failed)})"
+        return None
+
+    async def _summarize(
+        self, parsed: ParsedRequest, cost: RequestCost, recount: Recount, fit: FitPolicy, target: int,
+        failed: list[str],
+    ) -> tuple[ParsedRequest, RequestCost, None, SummaryNote] | None:
+        assert self._summaries is not None
+
+        async def count(messages: list[dict[str, Any]]) -> int:
+            return (await recount(_with_messages(parsed, messages))).tokens
+
+        try:
+            done = await self._summaries.fit(parsed.messages, parsed.dialect, fit, target_tokens=target, count=count)
+        except SummaryFailed as exc:
+            failed.append(f"summary failed: {exc}")
+            return None
+        if done is None:
+            return None
+        note = SummaryNote(done.replaced, len(parsed.messages), cost.prompt_tokens, done.prompt_tokens, done.cached)
+        changed = _with_messages(parsed, done.messages)
+        return changed, replace(cost, prompt_tokens=done.prompt_tokens), None, note
+
+    async def _trim(
+        self, parsed: ParsedRequest, cost: RequestCost, recount: Recount, target: int, failed: list[str],
+    ) -> tuple[ParsedRequest, RequestCost, Trim, None] | None:
+        """Drop the oldest history so the prompt fits (a prompt keeps its head and tail); None when it can't."""
+        reason = "; ".join(failed) or None
+        if parsed.messages:
+            async def count(messages: list[dict[str, Any]]) -> int:
+                return (await recount(_with_messages(parsed, messages))).tokens
+
+            trimmed = await trim_history(list(parsed.messages), count, target)
+            if trimmed is None:
+                return None
+            trim = Trim(trimmed.dropped, len(parsed.messages), cost.prompt_tokens, trimmed.prompt_tokens,
+                        reason=reason)
+            changed = _with_messages(parsed, trimmed.messages)
+            return changed, replace(cost, prompt_tokens=trimmed.prompt_tokens), trim, None
+        prompt = parsed.body.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            return None
+
+        async def count_text(text: str) -> int:
+            return (await recount(_with_prompt(parsed, text))).tokens
+
+        kept = await keep_head_and_tail(prompt, target_tokens=target, count=count_text)
+        if kept is None:
+            return None
+        trim = Trim(0, 0, cost.prompt_tokens, kept.prompt_tokens, reason=reason,
+                    text=kept.describe(cost.prompt_tokens))
+        return _with_prompt(parsed, kept.prompt), replace(cost, prompt_tokens=kept.prompt_tokens), trim, None
 
     async def _acquire(
         self, pool: PoolSpec, cost: RequestCost, policy: Policy, is_disconnected: Callable[[], bool]
@@ -221,25 +317,10 @@ class Admitter:
                 raise
             return exc
 
-    async def _trim(
-        self, rejected: AdmissionRejected, parsed: ParsedRequest, pool: PoolSpec, cost: RequestCost, recount: Recount
-    ) -> tuple[ParsedRequest, RequestCost, Trim] | None:
-        """Drop the oldest history so the prompt fits, leaving room for the output; None when it can't."""
-        if rejected.code != CONTEXT_LENGTH_EXCEEDED or self._config.on_too_long != "trim" or not parsed.messages:
-            return None
-        output = min(cost.max_output_tokens or self._config.default_output_tokens, pool.slot_ctx_tokens // 4)
-        margin = 1.0 if cost.prompt_exact else 1.0 + self._config.estimate_margin
-        target = int((pool.slot_ctx_tokens - output - 1) / margin)
 
-        def with_messages(messages: list[dict[str, Any]]) -> ParsedRequest:
-            body = {**parsed.body, "messages": messages}
-            return dialects.parse(parsed.dialect, parsed.operation, body, "")
+def _with_messages(parsed: ParsedRequest, messages: list[dict[str, Any]]) -> ParsedRequest:
+    return dialects.parse(parsed.dialect, parsed.operation, {**parsed.body, "messages": messages}, "")
 
-        async def count(messages: list[dict[str, Any]]) -> int:
-            return (await recount(with_messages(messages))).tokens
 
-        trimmed = await trim_history(list(parsed.messages), count, target)
-        if trimmed is None:
-            return None
-        trim = Trim(trimmed.dropped, len(parsed.messages), cost.prompt_tokens, trimmed.prompt_tokens)
-        return with_messages(trimmed.messages), replace(cost, prompt_tokens=trimmed.prompt_tokens), trim
+def _with_prompt(parsed: ParsedRequest, prompt: str) -> ParsedRequest:
+    return dialects.parse(parsed.dialect, parsed.operation, {**parsed.body, "prompt": prompt}, "")

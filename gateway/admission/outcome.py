@@ -23,6 +23,7 @@ from gateway.tokens.count import TokenCount
 PROMPT_TOKENS_HEADER = "X-Kvgate-Prompt-Tokens"
 COUNTER_HEADER = "X-Kvgate-Counter"
 TRIMMED_HEADER = "X-Kvgate-Trimmed"
+SUMMARIZED_HEADER = "X-Kvgate-Summarized"
 RESERVED_TOKENS_HEADER = "X-Kvgate-Reserved-Tokens"
 QUEUE_WAIT_HEADER = "X-Kvgate-Queue-Wait"
 REWRITE_HEADER = "X-Kvgate-Rewrite"
@@ -43,15 +44,36 @@ class AdmissionDecision(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Trim:
-    """The oldest history dropped so the prompt fits the context."""
+    """The oldest history dropped so the prompt fits the context (``text``: a prompt's head and tail kept instead);
+    ``reason``: why a summary was not used first, when the policy tried one."""
 
     dropped_messages: int
     of_messages: int
     before_tokens: int
     after_tokens: int
+    reason: str | None = None
+    text: str | None = None
 
     def describe(self) -> str:
-        return describe_trim(self.dropped_messages, self.of_messages, self.before_tokens, self.after_tokens)
+        said = self.text or describe_trim(self.dropped_messages, self.of_messages, self.before_tokens,
+                                          self.after_tokens)
+        return said if self.reason is None else f"{said}; {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryNote:
+    """The oldest turns replaced by one summary so the prompt fits the context."""
+
+    replaced_messages: int
+    of_messages: int
+    before_tokens: int
+    after_tokens: int
+    cached: bool
+
+    def describe(self) -> str:
+        said = (f"replaced the {self.replaced_messages} oldest of {self.of_messages} messages with a summary; "
+                f"prompt {self.before_tokens:,} -> {self.after_tokens:,} tokens")
+        return f"{said}; cached" if self.cached else said
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +96,7 @@ class AdmissionOutcome:
     rewrites: tuple[str, ...] = ()
     """The changes made to the body, as the rewriter describes them ("options.num_ctx=8192 (was 16384)")."""
     trim: Trim | None = None
+    summary: SummaryNote | None = None
     waited_s: float = 0.0
     reserved: Reserved | None = None
     notes: tuple[str, ...] = ()
@@ -97,9 +120,10 @@ class AdmissionOutcome:
     def forwarded_count(self) -> TokenCount:
         """The count of the prompt the backend gets: after a trim, the trimmed prompt's (by the same counter)."""
         counted = self.counted
-        if self.trim is None:
+        changed = self.trim or self.summary
+        if changed is None:
             return counted
-        return TokenCount(self.trim.after_tokens, counted.counter, counted.exact)
+        return TokenCount(changed.after_tokens, counted.counter, counted.exact)
 
 
 @dataclass(slots=True)
@@ -128,6 +152,8 @@ def response_headers(outcome: AdmissionOutcome) -> dict[str, str]:
     headers = count_headers(outcome.forwarded_count)
     if outcome.trim is not None:
         headers[TRIMMED_HEADER] = outcome.trim.describe()
+    if outcome.summary is not None:
+        headers[SUMMARIZED_HEADER] = outcome.summary.describe()
     if outcome.reserved is not None:
         headers[RESERVED_TOKENS_HEADER] = str(outcome.reserved.tokens)
         headers[QUEUE_WAIT_HEADER] = f"{outcome.waited_s:.3f}"
@@ -151,6 +177,11 @@ def log_fields(outcome: AdmissionOutcome) -> dict[str, object]:
         fields["queue_wait_s"] = round(outcome.waited_s, 3)
     if outcome.trim is not None:
         fields["trimmed_messages"] = outcome.trim.dropped_messages
+        if outcome.trim.reason:
+            fields["summary_failed"] = outcome.trim.reason
+    if outcome.summary is not None:
+        fields["summarized_messages"] = outcome.summary.replaced_messages
+        fields["summary_cached"] = outcome.summary.cached
     if outcome.context_lowered is not None:
         fields["context_lowered_from"], fields["context_tokens"] = outcome.context_lowered
     return fields
@@ -168,4 +199,6 @@ def decision_labels(outcome: AdmissionOutcome) -> tuple[str, ...]:
         labels.append("rewritten")
     if outcome.trim is not None:
         labels.append("trimmed")
+    if outcome.summary is not None:
+        labels.append("summarized")
     return tuple(labels)

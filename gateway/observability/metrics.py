@@ -43,6 +43,7 @@ from gateway.admission import PoolSpec, WaitingRoom
 from gateway.admission.gpu_ledger import GpuBoard
 from gateway.admission.loads import LoadCounts
 from gateway.admission.outcome import AdmissionOutcome, decision_labels
+from gateway.fitting.summaries import Summaries
 from gateway.observability.truncations import TruncationLog
 from gateway.text import safe_text
 
@@ -83,6 +84,24 @@ class _PoolCollector(Collector):
             rejected.add_metric([*_labels(key), "queue_timeout"], stat.timed_out_total)
             rejected.add_metric([*_labels(key), "context"], stat.rejected_total)
         yield from (active, reserved, capacity, queued, waited, rejected)
+
+
+class _SummaryCollector(Collector):
+    def __init__(self, summaries: Summaries) -> None:
+        self._summaries = summaries
+
+    def collect(self) -> Iterator[Metric]:
+        cache = self._summaries.cache
+        summarizer = self._summaries.summarizer
+        for name, doc, value in (
+            ("kvgate_summary_cache_hits", "Summaries reused from the cache", cache.hits),
+            ("kvgate_summary_cache_misses", "Summary cache lookups that found none", cache.misses),
+            ("kvgate_summary_calls", "Summaries asked of the summary model", summarizer.calls),
+            ("kvgate_summary_failures", "Summary calls that failed (the request was trimmed or refused)",
+             summarizer.failures),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        yield GaugeMetricFamily("kvgate_summary_cache_entries", "Summaries in the cache", value=len(cache))
 
 
 class _LoadCollector(Collector):
@@ -161,6 +180,9 @@ class Metrics:
 
     def watch_loads(self, counts: Callable[[], Mapping[str, LoadCounts]]) -> None:
         self.registry.register(_LoadCollector(counts))
+
+    def watch_summaries(self, summaries: Summaries) -> None:
+        self.registry.register(_SummaryCollector(summaries))
 
     def child(self, metric: Counter | Histogram, *labels: str) -> Any:
         """``metric.labels(*labels)``, cached: the lookup is on every request's path."""

@@ -15,7 +15,7 @@ import pytest
 from gateway import dialects
 from gateway.admission import AdmissionRejected, Ledger, LedgerSnapshot, PoolSpec, WaitingRoom
 from gateway.admission.admit import Admitter
-from gateway.admission.outcome import AdmissionDecision, Admitted, Reserved, Trim
+from gateway.admission.outcome import AdmissionDecision, Admitted, Reserved, Trim, response_headers
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
 from gateway.admission.pools import PoolDirectory
 from gateway.admission.tenants import Tenant
@@ -333,7 +333,7 @@ TOO_LONG = [
 
 @pytest.mark.parametrize("case", TOO_LONG, ids=lambda c: c.name)
 async def test_a_prompt_too_long_for_the_context_is_recounted_before_a_refusal(case: TooLongCase) -> None:
-    s = setup()
+    s = setup(on_too_long="reject")  # the recount alone: no head-and-tail trim to recount as well
     request = openai_completion(max_tokens=100)
     recount = recount_to(case.recount.tokens, exact=case.recount.exact)
     if not case.admitted:
@@ -349,6 +349,25 @@ async def test_a_prompt_too_long_for_the_context_is_recounted_before_a_refusal(c
         assert admitted.body is request[1]
     assert len(recount.calls) == case.recounts
     assert all(call is request[0] for call in recount.calls)
+
+
+async def test_a_prompt_too_long_keeps_its_head_and_tail_around_a_marker() -> None:
+    """/v1/completions, /api/generate: the prompt's first and last characters are kept, the middle replaced by a
+    marker saying how much was left out, and the client is told (X-Kvgate-Trimmed)."""
+    s = setup()
+    prompt = "".join(f"{i:05d} " for i in range(2000))  # 12,000 characters
+    parsed, raw = parsed_of(Dialect.OPENAI, Operation.GENERATE, "/v1/completions",
+                            {"model": "m", "prompt": prompt, "max_tokens": 100})
+    recount = FakeRecount(lambda request: len(request.body["prompt"]) // 2)  # 2 characters a token
+    admitted = await admit(s, (parsed, raw), LLAMA_POOL, exact(6000), recount=recount)
+    sent = forwarded(admitted)["prompt"]
+    assert sent.startswith("00000 00001 ") and sent.endswith("01998 01999 ")
+    assert "characters omitted by kvgate" in sent and len(sent) < len(prompt)
+    trim = admitted.outcome.trim
+    assert trim is not None and trim.after_tokens == len(sent) // 2 <= 4096 - 100
+    header = response_headers(admitted.outcome)["X-Kvgate-Trimmed"]
+    assert header.startswith("kept the first ") and "omitted; prompt 6,000 -> " in header
+    admitted.release()
 
 
 # --- a chat too long: trimmed, or refused ---------------------------------------------------------------------------
