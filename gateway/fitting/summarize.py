@@ -144,6 +144,8 @@ async def _call(summarize: SummarizeFn, source: list[Message]) -> str:
     """The summarizer's text; whatever it raises, or an empty summary, becomes ``SummaryFailed``."""
     try:
         text = await summarize(source)
+    except SummaryFailed:
+        raise  # already says why
     except Exception as error:
         raise SummaryFailed(f"the summarizer failed: {type(error).__name__}: {error}") from error
     if not text.strip():
