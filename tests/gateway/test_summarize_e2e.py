@@ -68,7 +68,7 @@ async def test_a_growing_conversation_is_summarized_once_per_crossing_and_the_su
                "keep_newest_turns": 2, "summary_max_tokens": 64}
     async with simulator() as sim, running_gateway([backend(sim)], fitting=fitting) as url:
         messages: list[dict[str, Any]] = [{"role": "system", "content": "You plan releases."}]
-        rows = []
+        rows: list[tuple[int, int, int, str, float]] = []
         for turn in range(9):
             messages.append({"role": "user", "content": f"turn {turn}: " + words(260, turn)})
             status, headers, raw = await post(url, "/api/chat", {"model": MODEL, "stream": False,
@@ -76,15 +76,15 @@ async def test_a_growing_conversation_is_summarized_once_per_crossing_and_the_su
                                                                  "options": {"num_predict": 16}})
             assert status == 200, raw
             reply = orjson.loads(raw)
-            summarized = headers.get("X-Kvgate-Summarized")
-            rows.append((turn, len(messages), reply["prompt_eval_count"], summarized or "-",
+            said = headers.get("X-Kvgate-Summarized")
+            rows.append((turn, len(messages), reply["prompt_eval_count"], said or "-",
                          await metric(url, "kvgate_summary_calls_total")))
             assert "X-Kvgate-Trimmed" not in headers  # the summary worked: nothing was dropped without one
             assert reply["prompt_eval_count"] <= CONTEXT_TOKENS
             messages.append({"role": "assistant", "content": words(40, turn + 7)})
         print("\nturn msgs prompt calls  X-Kvgate-Summarized")
-        for turn, n, prompt, said, calls in rows:
-            print(f"{turn:4d} {n:4d} {prompt:6d} {calls:5.0f}  {said}")
+        for turn, n, prompt, header, made in rows:
+            print(f"{turn:4d} {n:4d} {prompt:6d} {made:5.0f}  {header}")
         calls = rows[-1][4]
         summarized = [row for row in rows if row[3] != "-"]
         cached = [row for row in summarized if row[3].endswith("; cached")]
