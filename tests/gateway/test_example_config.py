@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -37,3 +38,14 @@ def test_example_config_documents_every_setting() -> None:
 def test_docker_config_loads() -> None:
     settings = load_settings(EXAMPLE.with_name("docker.toml"))
     assert settings.server.host == "0.0.0.0" and settings.backends[0].url == "http://ollama:11434"
+
+
+def test_every_toml_block_of_the_readme_loads(tmp_path: Path) -> None:
+    """The configuration the README shows is configuration kvgate accepts (unknown keys are errors)."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)```", readme, re.DOTALL)
+    assert blocks
+    for index, block in enumerate(blocks):
+        path = tmp_path / f"block-{index}.toml"
+        path.write_text(block)
+        load_settings(path)
