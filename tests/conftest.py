@@ -58,7 +58,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     _warm_up_s.append(time.monotonic() - started)
 
 
-KVGATE_WARM_MODELS = ("llama3.1:8b", "qwen2.5:7b", "phi3:mini")
+KVGATE_WARM_MODELS = ("llama3.1:8b", "qwen2.5:7b", "qwen2.5:32b", "phi3:mini")
 """The simulator's models most tests send: kvgate's own tokenizers for them are converted before a large run, into
 the run's counting cache, through kvgate's Ollama path (``OllamaShowSource``: /api/tags digest, verbose /api/show)."""
 

@@ -254,12 +254,12 @@ async def test_cpu_offload_is_allowed_only_when_system_ram_holds_it(
 async def test_two_users_taking_turns_swap_at_most_once_per_min_resident_s() -> None:
     """Two users alternate between two models that don't fit together, as fast as they can, for WINDOW_S: with
     hysteresis (``min_resident_s``) the GPU swaps at most once per interval, and every request is answered."""
-    window_s, min_resident_s = 0.6, 0.15
-    fp16, q8 = "llama3.1:8b-instruct-fp16", "llama3.1:8b-instruct-q8_0"  # ~15 + ~8 GiB: not both on 20 GiB
-    async with simulator(models=(fp16, q8), gpu_bytes=(20 * GIB,)) as sim, running_gateway(
+    window_s, min_resident_s = 0.5, 0.125
+    big, small = "qwen2.5:32b", "llama3.1:8b"  # ~19 + ~5 GiB at 4096 tokens: not both on 20 GiB
+    async with simulator(models=(big, small), gpu_bytes=(20 * GIB,)) as sim, running_gateway(
         [{**backend_for(sim), "context_tokens": 4096}], residency={"min_resident_s": min_resident_s,
                                                                    "load_wait_s": 10.0}) as url:
-        for model in (fp16, q8):  # each loaded and counted once before the window: it measures swaps only
+        for model in (big, small):  # each loaded and counted once before the window: it measures swaps only
             assert (await chat(url, model, options={"num_predict": 4}))[0] == 200
         before = await stats(sim)
         loop = asyncio.get_running_loop()
@@ -272,7 +272,7 @@ async def test_two_users_taking_turns_swap_at_most_once_per_min_resident_s() -> 
                 statuses.append((await chat(url, (model, other)[turn % 2], options={"num_predict": 4}))[0])
                 turn += 1
 
-        await asyncio.gather(user(fp16, q8), user(q8, fp16))
+        await asyncio.gather(user(big, small), user(small, big))
         elapsed_s = window_s + max(0.0, loop.time() - end_s)
         sim_stats = await stats(sim)
         loads = sim_stats["loads"] - before["loads"]
