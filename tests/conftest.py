@@ -40,10 +40,11 @@ _warm_up_s: list[float] = []
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """In a large run, build the tokenizers that many tests share once, before the first test, rather than inside
-    whichever test happens to come first (gemma-4 alone converts in about 2 s): the test side's converted tokenizers
-    (``shared_tokenizer``, ``vector_tokenizer``) and the simulator's (one per vocabulary per process). Every test
-    that is about converting (a cold kvgate, the tokenizer cache) still starts from an empty cache of its own."""
+    """In a large run, build what many tests share once, before the first test, rather than inside whichever test
+    happens to come first (gemma-4 alone converts in about 2 s): the test side's converted tokenizers
+    (``shared_tokenizer``, ``vector_tokenizer``), the simulator's (one per vocabulary per process), kvgate's own for
+    the simulator's common models, and Hypothesis's Unicode tables. Every test that is about converting (a cold
+    kvgate, the tokenizer cache) still starts from an empty cache of its own."""
     if len(session.items) < WARM_UP_FROM_ITEMS:
         return
     from kvsim.catalog import CATALOG
@@ -55,7 +56,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         vector_tokenizer(vocab)
     warm_sim_tokenizers(*(name for name, spec in CATALOG.items() if spec.vocab is not None))
     asyncio.run(_warm_kvgate_tokenizers(KVGATE_WARM_MODELS))
+    _warm_hypothesis_text()
     _warm_up_s.append(time.monotonic() - started)
+
+
+def _warm_hypothesis_text() -> None:
+    """Hypothesis builds its Unicode tables (~2 s in a fresh checkout, then kept in .hypothesis/) the first time a
+    test draws text: built here, not in whichever property test draws text first."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=1, database=None)
+    @given(st.text(max_size=1))
+    def draw(text: str) -> None:
+        del text
+
+    draw()
 
 
 KVGATE_WARM_MODELS = ("llama3.1:8b", "qwen2.5:7b", "qwen2.5:32b", "phi3:mini")
@@ -84,4 +100,4 @@ async def _warm_kvgate_tokenizers(models: tuple[str, ...]) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _warm_up_s:
-        terminalreporter.write_line(f"shared tokenizers converted before the tests in {_warm_up_s[0]:.1f} s")
+        terminalreporter.write_line(f"shared tokenizers and tables built before the tests in {_warm_up_s[0]:.1f} s")

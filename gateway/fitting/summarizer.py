@@ -90,7 +90,7 @@ class Summarizer:
             "messages": [{"role": "system", "content": policy.summary_instructions},
                          {"role": "user", "content": transcript(messages)}],
         }
-        headers = {INTERNAL_HEADER: self._internal.token}
+        headers = {INTERNAL_HEADER: self._internal.token, "Accept-Encoding": "identity"}  # read as JSON here
         if policy.summary_backend:
             headers[ROUTE_BACKEND_HEADER] = policy.summary_backend
         url = f"{self._internal.url}/v1/chat/completions"
