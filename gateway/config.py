@@ -9,6 +9,7 @@ is allowed.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import re
 import typing
 from collections.abc import Mapping
@@ -46,6 +47,9 @@ DEFAULT_PORT = 11435
 
 DEFAULT_BACKEND_URL = "http://127.0.0.1:11434"
 _TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_SHA256_HEX = re.compile(r"[0-9A-Fa-f]{64}")
+ANONYMOUS_TENANT = "anonymous"
+"""``[tenants.anonymous]``: the policy of requests without a key (and, if it allows them, with an unknown one)."""
 
 
 class ConfigError(Exception):
@@ -252,13 +256,19 @@ class CountingConfig(_Strict):
 
 class TenantSettings(_Strict):
     """A team or a client: its API keys and its caps. Requests carry a key as ``Authorization: Bearer`` or
-    ``X-Api-Key``."""
+    ``X-Api-Key``. ``[tenants.anonymous]`` (no keys) is the policy of requests without a key."""
 
     api_keys: tuple[SecretStr, ...] = ()
+    api_key_sha256: tuple[SecretStr, ...] = Field(
+        default=(), description="keys stored hashed: each key's sha256 as 64 hex digits (printf %s KEY | sha256sum)",
+    )
     max_active: int | None = Field(default=None, ge=1, description="sequences at once, per model")
     max_prompt_tokens: int | None = Field(default=None, ge=1)
     max_output_tokens: int | None = Field(default=None, ge=1)
     priority: int = Field(default=0, description="higher is served first from the queue")
+    allow_unknown_keys: bool = Field(
+        default=False, description="[tenants.anonymous] only: a key no tenant has runs as anonymous instead of a 401",
+    )
     fitting: FittingOverrides = FittingOverrides()
 
     @field_validator("api_keys")
@@ -270,6 +280,26 @@ class TenantSettings(_Strict):
             except ValueError as exc:
                 raise ValueError(f"key {index + 1} of {len(value)} {exc}") from None
         return value
+
+    @field_validator("api_key_sha256")
+    @classmethod
+    def _digests(cls, value: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        for index, digest in enumerate(value):
+            if not _SHA256_HEX.fullmatch(digest.get_secret_value()):
+                raise ValueError(f"digest {index + 1} of {len(value)} is not 64 hex digits; store a key's sha256, "
+                                 "made with: printf %s \"$KEY\" | sha256sum (the digits before the '-')")
+        return tuple(SecretStr(digest.get_secret_value().lower()) for digest in value)
+
+    def digests(self) -> list[str]:
+        """Every key of this tenant as a lowercase sha256 hex digest: its plain keys hashed, then its stored ones."""
+        return [sha256_hex(key.get_secret_value()) for key in self.api_keys] + [
+            digest.get_secret_value() for digest in self.api_key_sha256
+        ]
+
+
+def sha256_hex(key: str) -> str:
+    """The digest ``api_key_sha256`` stores for a key: sha256 of its UTF-8 bytes, lowercase hex."""
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 class AdmissionConfig(_Strict):
@@ -323,20 +353,35 @@ class Settings(BaseSettings):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"backend names must be unique; repeated: {', '.join(duplicates)}")
-        keys = [key.get_secret_value() for tenant in self.tenants.values() for key in tenant.api_keys]
-        if len(keys) != len(set(keys)):
-            raise ValueError("an API key belongs to more than one tenant; give each tenant its own keys")
-        bad = sorted(name for name in self.tenants if not _TENANT_NAME.match(name))
-        if bad:
-            raise ValueError(f"tenant names may use letters, digits, '_', '.', '-'; not: {', '.join(bad)}")
-        admin = self.server.admin_key
-        if admin is not None and admin.get_secret_value() in keys:
-            raise ValueError("server.admin_key is also a tenant's API key; give the admin its own key")
-        if self.server.require_api_key and not keys:
-            raise ValueError("server.require_api_key is true but no tenant has api_keys")
+        self._tenants_consistent()
         if self.default_backend is not None and self.default_backend not in names:
             raise ValueError(f"default_backend '{self.default_backend}' is not a backend; known: {', '.join(names)}")
         return self
+
+    def _tenants_consistent(self) -> None:
+        digests = [digest for tenant in self.tenants.values() for digest in tenant.digests()]
+        if len(digests) != len(set(digests)):
+            raise ValueError("an API key belongs to more than one tenant, or is listed twice (plain in api_keys or "
+                             "hashed in api_key_sha256); give each tenant its own keys, once")
+        bad = sorted(name for name in self.tenants if not _TENANT_NAME.match(name))
+        if bad:
+            raise ValueError(f"tenant names may use letters, digits, '_', '.', '-'; not: {', '.join(bad)}")
+        anonymous = self.tenants.get(ANONYMOUS_TENANT)
+        if anonymous is not None and (anonymous.api_keys or anonymous.api_key_sha256):
+            raise ValueError("tenants.anonymous is the policy of requests without a kvgate key, so it has no "
+                             "api_keys or api_key_sha256; give those keys a tenant of their own")
+        lenient = sorted(name for name, tenant in self.tenants.items()
+                         if tenant.allow_unknown_keys and name != ANONYMOUS_TENANT)
+        if lenient:
+            raise ValueError(f"allow_unknown_keys is a setting of tenants.anonymous only; not: {', '.join(lenient)}")
+        admin = self.server.admin_key
+        if admin is not None and sha256_hex(admin.get_secret_value()) in digests:
+            raise ValueError("server.admin_key is also a tenant's API key; give the admin its own key")
+        if self.server.require_api_key and not digests:
+            raise ValueError("server.require_api_key is true but no tenant has api_keys or api_key_sha256")
+        if self.server.require_api_key and anonymous is not None and anonymous.allow_unknown_keys:
+            raise ValueError("server.require_api_key = true refuses requests without a tenant's key, but "
+                             "tenants.anonymous.allow_unknown_keys = true lets unknown keys in; choose one")
 
     @property
     def default(self) -> BackendSettings:

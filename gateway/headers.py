@@ -6,6 +6,8 @@ from collections.abc import Mapping
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway.errors import BadRequest
+
 KVGATE_ONLY = frozenset({"x-kvgate-internal", "x-kvgate-route-backend"})
 """Headers meant for kvgate itself (its own summary requests): never sent on to a backend."""
 HOP_BY_HOP = frozenset(
@@ -66,3 +68,38 @@ def downstream_response_headers(upstream: CIMultiDictProxy[str], *, request_id: 
     out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in drop)
     out[REQUEST_ID] = request_id
     return out
+
+
+DEADLINE_HEADER = "X-Kvgate-Deadline"
+SDK_TIMEOUT_HEADER = "X-Stainless-Read-Timeout"
+"""The OpenAI SDKs send their read timeout, in seconds, in this header (openai-python `_base_client`): how long they
+wait for an answer."""
+MAX_DEADLINE_S = 86_400.0
+SDK_TIMEOUT_MARGIN = 0.2
+SDK_TIMEOUT_MARGIN_MAX_S = 1.0
+"""A request leaves the queue this much (a fifth, at most a second) before the SDK's own timeout, so that the client
+reads kvgate's 503 (with Retry-After) instead of timing out itself."""
+
+
+def request_deadline(headers: Mapping[str, str]) -> tuple[float, str] | None:
+    """The request's own limit on its wait, in seconds, and which header set it: the smaller of ``X-Kvgate-Deadline``
+    and the SDK's ``X-Stainless-Read-Timeout``; None when neither is sent. A value that is not a positive number of
+    seconds is a 400 naming the header (the SDK's own header is ignored when odd: the client did not write it)."""
+    found: list[tuple[float, str]] = []
+    for name, strict in ((DEADLINE_HEADER, True), (SDK_TIMEOUT_HEADER, False)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            seconds = float(raw.strip())
+        except ValueError:
+            seconds = float("nan")
+        if not 0 < seconds <= MAX_DEADLINE_S:
+            if strict:
+                raise BadRequest(f"{name} is {raw[:40]!r}; send the seconds the request may wait, a number from 0 to "
+                                 f"{MAX_DEADLINE_S:g}, like '{name}: 30'")
+            continue
+        if not strict:  # the client gives up then: leave the queue early enough for the 503 to reach it
+            seconds = max(seconds * (1 - SDK_TIMEOUT_MARGIN), seconds - SDK_TIMEOUT_MARGIN_MAX_S)
+        found.append((seconds, f"{name}: {raw.strip()[:20]}"))
+    return min(found) if found else None

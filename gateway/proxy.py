@@ -45,7 +45,7 @@ from gateway.domain import KV_OPERATIONS, BackendKind, Dialect, Operation, Parse
 from gateway.errors import BackendUnavailable, BadRequest, GatewayError, InternalError
 from gateway.fitting.policy import FitPolicy, policy_for
 from gateway.fitting.summarizer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, InternalCalls
-from gateway.headers import REQUEST_ID, upstream_request_headers
+from gateway.headers import REQUEST_ID, request_deadline, upstream_request_headers
 from gateway.observability import truncation
 from gateway.observability.logs import request_id_var, sanitize
 from gateway.observability.metrics import Metrics, record, record_refusal, record_truncation
@@ -205,6 +205,7 @@ class Proxy:
                 lambda changed: self._counter.count(
                     changed, backend, model, budget_s=self._settings.counting.refusal_count_wait_s),
                 self._fit_policy(tenant, model),
+                request_deadline(request.headers),
             )
             trace.outcome = admitted.outcome
             try:

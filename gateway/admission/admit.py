@@ -148,9 +148,11 @@ class Admitter:
         is_disconnected: Callable[[], bool],
         recount: Recount,
         fit: FitPolicy | None = None,
+        deadline: tuple[float, str] | None = None,
     ) -> Admitted:
         """Reserve the request's sequences in ``pool`` (waiting if it must) and rewrite its body as planned; a
-        request too long for the context meets ``fit``'s remedies (default: trim, then refuse).
+        request too long for the context meets ``fit``'s remedies (default: trim, then refuse). ``deadline`` (seconds,
+        and the header that set it) shortens how long it may wait in the queue.
 
         Nothing is refused on an estimate: a prompt that looks too long (for the tenant's cap or the context) is
         counted for real first (``recount`` waits for a tokenizer still loading)."""
@@ -175,6 +177,8 @@ class Admitter:
         policy = self._policy
         if tenant.max_active is not None:
             policy = replace(policy, per_tenant_max_active=tenant.max_active)
+        if deadline is not None and deadline[0] < policy.queue_timeout_s:  # a deadline shortens the wait only
+            policy = replace(policy, queue_timeout_s=deadline[0], queue_limit_name=f"the request's {deadline[1]}")
         fit = fit or self._default_fit
         fitted = await self._acquire_fitting(parsed, pool, cost, policy, is_disconnected, recount, fit)
         permit = fitted.permit

@@ -44,11 +44,13 @@ def queue_full(key: PoolKey, queued: int, max_queue: int) -> Reject:
     )
 
 
-def queue_timeout(key: PoolKey, waited_s: float, timeout_s: float, reason: str) -> Reject:
+def queue_timeout(
+    key: PoolKey, waited_s: float, timeout_s: float, reason: str, limit_name: str = "queue_timeout_s"
+) -> Reject:
     return Reject(
         503,
         QUEUE_TIMEOUT,
-        f"waited {waited_s:.1f} s for {_where(key)}, the limit (queue_timeout_s) is {timeout_s:g} s; still waiting "
+        f"waited {waited_s:.1f} s for {_where(key)}, the limit ({limit_name}) is {timeout_s:g} s; still waiting "
         f"because {reason}; retry later or with a smaller request",
     )
 

@@ -1,20 +1,29 @@
 """Who is asking: an API key maps to a tenant, whose caps admission applies.
 
-Keys are compared in constant time against every configured key (so the time taken says nothing about which key,
-or how much of one, matched) and never logged. Without ``server.require_api_key``, a request with no key (or an
-unknown one) is the ``anonymous`` tenant, with no caps beyond the global policy.
+Keys are kept as sha256 digests (``api_keys`` are hashed at start-up, ``api_key_sha256`` are stored that way): the
+presented key is hashed once and its digest compared in constant time against every configured digest (no early
+exit, and every digest has the same length, so the time taken says nothing about which key, or how much of one,
+matched). Keys and digests are never logged.
+
+Who a request runs as, once any tenant has a key (kvgate's keys; otherwise every request is ``anonymous``):
+
+    known key     its tenant
+    no key        ``anonymous``, with the caps of ``[tenants.anonymous]`` (401 with ``server.require_api_key``)
+    unknown key   401, unless ``[tenants.anonymous] allow_unknown_keys = true``: then ``anonymous``
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.config import Settings
+from gateway.config import ANONYMOUS_TENANT, Settings, TenantSettings
 from gateway.errors import Unauthorized
 
-ANONYMOUS = "anonymous"
+ANONYMOUS = ANONYMOUS_TENANT
+_HOW = "send a tenant's key as 'Authorization: Bearer <key>' or 'X-Api-Key'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,36 +43,57 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return headers.get("X-Api-Key") or None
 
 
+def _tenant(name: str, config: TenantSettings | None) -> Tenant:
+    if config is None:
+        return Tenant(name)
+    return Tenant(name, config.max_active, config.max_prompt_tokens, config.max_output_tokens, config.priority)
+
+
 class TenantDirectory:
     def __init__(self, settings: Settings) -> None:
         self._required = settings.server.require_api_key
-        self._keys: list[tuple[bytes, Tenant]] = []
+        self._digests: list[tuple[bytes, Tenant]] = []
         for name, config in settings.tenants.items():
-            tenant = Tenant(name, config.max_active, config.max_prompt_tokens, config.max_output_tokens,
-                            config.priority)
-            self._keys += [(key.get_secret_value().encode(), tenant) for key in config.api_keys]
+            tenant = _tenant(name, config)
+            self._digests += [(bytes.fromhex(digest), tenant) for digest in config.digests()]
+        anonymous = settings.tenants.get(ANONYMOUS)
+        self._anonymous = _tenant(ANONYMOUS, anonymous)
+        self._unknown_is_anonymous = not self._digests or (anonymous is not None and anonymous.allow_unknown_keys)
+
+    def __repr__(self) -> str:
+        return f"TenantDirectory(keys={len(self._digests)}, required={self._required})"
 
     @property
     def enabled(self) -> bool:
         """Whether clients' keys are kvgate's (and so must not travel to the backend)."""
-        return bool(self._keys)
+        return bool(self._digests)
+
+    @property
+    def anonymous(self) -> Tenant:
+        """The tenant of requests without a key: ``[tenants.anonymous]``'s caps, or none."""
+        return self._anonymous
 
     def identify(self, headers: Mapping[str, str]) -> Tenant:
-        """The tenant whose key the request carries. A key with any byte outside printable ASCII (header bytes
-        that are not UTF-8 arrive as lone surrogates) is no one's key: unknown, so 401 when keys are required."""
+        """The tenant whose key the request carries (see the module's table). A key with any byte outside printable
+        ASCII (header bytes that are not UTF-8 arrive as lone surrogates) is no one's key: unknown."""
         given = presented_key(headers)
         found: Tenant | None = None
-        if given is not None:
-            candidate = given.encode() if _printable_ascii(given) else b""  # b"" matches no key
-            for key, tenant in self._keys:  # no early exit: every key is compared
-                if hmac.compare_digest(candidate, key) and candidate:
+        if given is not None and self._digests:
+            usable = _printable_ascii(given)
+            digest = hashlib.sha256(given.encode() if usable else b"").digest()
+            for configured, tenant in self._digests:  # no early exit: every digest is compared
+                if hmac.compare_digest(digest, configured) and usable:
                     found = tenant
         if found is not None:
             return found
-        if self._required:
-            reason = "no API key was sent" if given is None else "the API key is not one of kvgate's"
-            raise Unauthorized(f"{reason}; send a tenant's key as 'Authorization: Bearer <key>' or 'X-Api-Key'")
-        return Tenant(ANONYMOUS)
+        if given is None:
+            if self._required:
+                raise Unauthorized(f"no API key was sent; {_HOW}")
+            return self._anonymous
+        if self._required or not self._unknown_is_anonymous:
+            alternative = "" if self._required else ", or none to run as the tenant 'anonymous'"
+            raise Unauthorized(f"the API key is not one of kvgate's; {_HOW}{alternative}")
+        return self._anonymous
 
 
 def _printable_ascii(text: str) -> bool:

@@ -113,6 +113,8 @@ class Policy:
     - ``per_tenant_max_active``: active sequences one tenant may hold in one pool; more wait.
     - ``overtake_window_s``: while the head of a queue has waited less than this, smaller requests behind it that fit
       may go first; after it, nobody passes the head until it fits (no starvation of big requests).
+    - ``queue_timeout_s``: how long a request may wait; a request's own deadline (``X-Kvgate-Deadline``, the OpenAI
+      SDK's ``X-Stainless-Read-Timeout``) can shorten it, never lengthen it (``queue_limit_name`` then says so).
     """
 
     default_output_tokens: int = 1024
@@ -123,6 +125,8 @@ class Policy:
     queue_timeout_s: float = 120.0
     per_tenant_max_active: int | None = None
     overtake_window_s: float = 5.0
+    queue_limit_name: str = "queue_timeout_s"
+    """What set ``queue_timeout_s``, for the refusal: the setting, or the request's own deadline."""
 
     def __post_init__(self) -> None:
         if self.default_output_tokens < 0 or self.max_queue < 0:

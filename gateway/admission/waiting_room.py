@@ -170,7 +170,8 @@ class WaitingRoom:
                 self._counter(waiter.key).timed_out_total += 1
                 waited_s = self._clock() - waiter.enqueued_at_s
                 timeout_s = waiter.policy.queue_timeout_s
-                raise AdmissionRejected(errors.queue_timeout(waiter.key, waited_s, timeout_s, waiter.reason))
+                raise AdmissionRejected(errors.queue_timeout(waiter.key, waited_s, timeout_s, waiter.reason,
+                                                             waiter.policy.queue_limit_name))
             step_s = remaining_s if is_disconnected is None else min(remaining_s, self._poll_s)
             await asyncio.wait((waiter.future,), timeout=step_s)
             if not waiter.future.done() and is_disconnected is not None and is_disconnected():

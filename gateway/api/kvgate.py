@@ -213,6 +213,9 @@ def status_snapshot(
             "oldest_wait_s": round(stat.oldest_waited_s, 3) if stat else 0.0,
             "admitted_total": stat.admitted_total if stat else 0,
             "refused_total": (stat.rejected_total + stat.queue_full_total + stat.timed_out_total) if stat else 0,
+            "waiting": [{"position": position, "tenant": safe_text(w.tenant), "priority": w.priority,
+                         "waited_s": round(w.waited_s, 3), "reason": safe_text(w.reason)}
+                        for position, w in enumerate(stat.waiters if stat else (), start=1)],
         })
     return {
         "version": __version__,
