@@ -2,8 +2,9 @@
 
 Pure and synchronous (no sockets): the ledger holds 1,000 live reservations across eight realistic pools, and each
 timed call is exactly what the waiting room does for a request that arrives: ``plan(cost, pool,
-ledger.snapshot(key), policy)``. The requests cycle through every outcome (Admit on pools with room, Wait on full
-pools and on a tenant's cap, Reject for prompts longer than the context), on split and unified pools.
+ledger.snapshot(key), policy)``. The requests cycle through every outcome (Admit on pools with room, Wait on the two
+pools filled for the purpose and on a tenant's cap, Reject for prompts longer than the context), on split and unified
+pools.
 
     split   4 Ollama models, OLLAMA_NUM_PARALLEL=128 x num_ctx 8,192: 125 active sequences each (500)
     unified 4 llama-server pools of 1,048,576 cells, 128 slots: 125 active sequences each (500), 2K-6K tokens each
@@ -78,7 +79,8 @@ def pools() -> list[PoolSpec]:
 
 
 def build_scene(seed: int = 1) -> Scene:
-    """1,000 live reservations: 125 per pool, tenants spread round-robin; two pools cap each tenant at 13 (five tenants hold 13 there)."""
+    """1,000 live reservations: 125 per pool, ten tenants round-robin (five hold 13 sequences per pool, five 12);
+    two pools cap each tenant at 13, so requests of the first five wait there (scope "tenant")."""
     rng = random.Random(seed)
     ledger = Ledger()
     specs = pools()

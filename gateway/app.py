@@ -280,7 +280,7 @@ def warn_if_exposed(settings: Settings) -> None:
     server = settings.server
     if is_loopback_host(server.host):
         return
-    has_keys = any(tenant.api_keys for tenant in settings.tenants.values())
+    has_keys = any(tenant.digests() for tenant in settings.tenants.values())
     if not has_keys and server.admin_key is None:
         log.warning(
             "SECURITY: kvgate listens on %s, beyond this machine, with no tenant API keys and no server.admin_key: "

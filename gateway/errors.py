@@ -3,7 +3,7 @@
     GatewayError                 base; never raised itself
     ├── BadRequest               400  the client sent something the gateway can't accept
     │   └── InvalidField         400  a JSON field is missing or has the wrong type
-    ├── Unauthorized             401  no API key, or one no tenant has (when keys are required)
+    ├── Unauthorized             401  a key no tenant has (once tenants have keys), or none when keys are required
     ├── ModelNotFound            404  no backend serves the model the request names
     ├── AdminOnly                403  a model-management route without the admin key
     ├── RequestTimeout           408  the request body did not arrive within ``server.body_timeout_s``
