@@ -317,7 +317,7 @@ def render_goodput(g: Goodput) -> str:
     lines.append(f"  where the time goes: a 1-token chat at concurrency 1 takes {g.fixed_s['direct'] * 1000:.2f} ms "
                  f"direct, {g.fixed_s['kvgate'] * 1000:.2f} ms through kvgate; beyond its simulated time that is "
                  f"{direct_fixed:.2f} ms (client + simulator HTTP) and {gated_fixed:.2f} ms (+ kvgate: count, plan, "
-                 "rewrite, forward).")
+                 "rewrite, forward; the simulator's pacer may end a sequence up to 2 ms early, hence a value below 0).")
     cpu = {name: f"{seconds * 1000:.2f} ms" for name, seconds in g.cpu_per_request_s.items()}
     lines.append(f"  CPU per request in the main rounds: kvgate {cpu['kvgate']}; the simulator {cpu['sim direct']} "
                  f"direct, {cpu['sim via kvgate']} via kvgate (one event loop each: kvgate's CPU per request, times "

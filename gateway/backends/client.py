@@ -282,10 +282,11 @@ class BackendClient:
                     method, self.url_for(path_qs), headers=headers, data=body, timeout=client_timeout,
                     allow_redirects=False, skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
                 )
-            except aiohttp.ServerDisconnectedError:
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 # A pooled connection the server closed while idle (its keep-alive ran out as this request went
-                # out): nothing was answered, so a body kvgate holds whole is sent once more.
-                if attempt == 2 or not isinstance(body, bytes | None):
+                # out): nothing was answered ("Server disconnected", or "Can not write request body"), so a body
+                # kvgate holds whole is sent once more. A connection that could not be opened is not retried here.
+                if attempt == 2 or not isinstance(body, bytes | None) or isinstance(exc, aiohttp.ClientConnectorError):
                     raise
                 log.info("%s closed a kept-alive connection before answering; sending again", self.label)
         raise AssertionError("unreachable")
