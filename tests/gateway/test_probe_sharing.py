@@ -1,6 +1,6 @@
-"""Concurrent requests for the same probe share one: 100 concurrent requests on a cold kvgate, of each route kind, in
+"""Concurrent requests for the same probe share one: 64 concurrent requests on a cold kvgate, of each route kind, in
 front of a fake llama-server and a fake Ollama, send a small constant number of model-list, props, show and ps
-probes, not one (or two) per request (issue 10: about 185 /props and 100 /v1/models before)."""
+probes, not one (or two) per request (issue 10, with 100 requests: about 185 /props and 100 /v1/models before)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from tests.support.fake_backend import MODELS, FakeLLM, OllamaModels, Script, json_answer, running
 from tests.support.gateway_server import running_gateway
 
-REQUESTS = 100
+REQUESTS = 64
 PROBE_PATHS = ("/props", "/v1/models", "/api/tags", "/api/show", "/api/ps")
 CHAT = {"messages": [{"role": "user", "content": "hello there"}]}
 OLLAMA_MODEL = "llama3.1:8b"
@@ -44,7 +44,7 @@ CASES: dict[str, tuple[str, str, dict[str, Any] | None]] = {
 }
 
 MOST_PROBES = 3
-"""Per path and backend, for 100 concurrent cold requests: list once, probe once, and read /props or /api/ps once
+"""Per path and backend, for REQUESTS concurrent cold requests: list once, probe once, and read /props or /api/ps once
 more where a load or the counter's template needs it."""
 
 
