@@ -152,6 +152,7 @@ def create_app(
     app.router.add_post("/kvgate/count", _for_tenants(count))
     app.router.add_get("/kvgate/metrics", _metrics)
     app.router.add_get("/kvgate/status", _status)
+    app.router.add_get("/kvgate/tenants", _tenants)
     for route in ROUTES:
         proxied: ProxiedHandler = functools.partial(_proxied, route=route)
         if route.operation is Operation.MANAGE and settings.server.admin_only_management:
@@ -230,6 +231,15 @@ async def _status(request: web.Request) -> web.Response:
     if "text/html" in request.headers.get("Accept", ""):
         return web.Response(text=kvgate_api.status_html(status), content_type="text/html")
     return web.json_response(status)
+
+
+async def _tenants(request: web.Request) -> web.Response:
+    """Usage per tenant (admin, like ``/kvgate/status``); no I/O."""
+    if not admin_allowed(request, request.app[SETTINGS].server.admin_key):
+        return _forbidden()
+    app = request.app
+    return web.json_response(kvgate_api.tenants_snapshot(app[METRICS].tenant_usage, app[SETTINGS].tenants,
+                                                         app[ADMITTER].room))
 
 
 async def _refresh_gpus(app: web.Application) -> None:

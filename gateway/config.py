@@ -263,6 +263,11 @@ class TenantSettings(_Strict):
         default=(), description="keys stored hashed: each key's sha256 as 64 hex digits (printf %s KEY | sha256sum)",
     )
     max_active: int | None = Field(default=None, ge=1, description="sequences at once, per model")
+    max_pool_share: int | float | None = Field(
+        default=None, description="tokens its sequences may hold at once in each model's KV pool, on top of "
+        "max_active: a fraction of the pool (a float in (0, 1], e.g. 0.25) or a number of tokens (an integer >= 1); "
+        "more waits, and one request that alone needs more is refused (400)",
+    )
     max_prompt_tokens: int | None = Field(default=None, ge=1)
     max_output_tokens: int | None = Field(default=None, ge=1)
     priority: int = Field(default=0, description="higher is served first from the queue")
@@ -279,6 +284,16 @@ class TenantSettings(_Strict):
                 _usable_key(key)
             except ValueError as exc:
                 raise ValueError(f"key {index + 1} of {len(value)} {exc}") from None
+        return value
+
+    @field_validator("max_pool_share", mode="before")
+    @classmethod
+    def _pool_share(cls, value: object) -> object:
+        fraction = isinstance(value, float) and 0.0 < value <= 1.0
+        tokens = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        if value is not None and not (fraction or tokens):
+            raise ValueError(f"is {value!r}; give a fraction of the pool in (0, 1] such as 0.25, or a number of "
+                             "tokens (an integer, at least 1)")
         return value
 
     @field_validator("api_key_sha256")

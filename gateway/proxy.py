@@ -49,6 +49,7 @@ from gateway.headers import REQUEST_ID, request_deadline, upstream_request_heade
 from gateway.observability import truncation
 from gateway.observability.logs import request_id_var, sanitize
 from gateway.observability.metrics import Metrics, record, record_refusal, record_truncation
+from gateway.observability.tenant_usage import UNIDENTIFIED, refusal_reason
 from gateway.observability.truncations import model_label
 from gateway.observability.usage import UsageObserver
 from gateway.routes import FALLBACK, Handling, Route, fallback_dialect
@@ -89,6 +90,11 @@ class _Trace:
 
     backend: str = "-"
     outcome: AdmissionOutcome | None = None
+    admitting: bool = False
+    """True while the admission step runs (a refusal raised then is admission's)."""
+    output_tokens: int | None = None
+    """The output length the backend reported (observability/usage.py), for the tenant's usage."""
+    refusal: str | None = None
 
 
 class Proxy:
@@ -134,6 +140,7 @@ class Proxy:
             detail["error"] = exc.message
             if isinstance(exc, AdmissionRejected):
                 record_refusal(self._metrics, trace.backend)
+            trace.refusal = refusal_reason(exc, in_admission=trace.admitting)
             return self._error_response(dialect, exc, request_id)
         except asyncio.CancelledError:
             status = 499
@@ -153,7 +160,8 @@ class Proxy:
                      extra={"duration_ms": round(elapsed_s * 1000, 2), **detail})
             route_label = route.path if route is not FALLBACK else "other"
             record(self._metrics, route_label, status, elapsed_s, backend=trace.backend,
-                   tenant=str(detail.get("tenant", "-")), outcome=trace.outcome)
+                   tenant=str(detail.get("tenant", UNIDENTIFIED)), outcome=trace.outcome,
+                   output_tokens=trace.output_tokens, refusal=trace.refusal)
             request_id_var.reset(token)
 
     def _error_response(self, dialect: Dialect, error: GatewayError, request_id: str) -> web.Response:
@@ -200,6 +208,7 @@ class Proxy:
         try:
             count = await self._counter.count(parsed, backend, model)
             observer = UsageObserver() if count is not None else None  # every counted reply: truncation check
+            trace.admitting = True
             admitted = await self._admitter.admit(
                 parsed, raw, pool, count, tenant, lambda: _gone(request),
                 lambda changed: self._counter.count(
@@ -207,7 +216,7 @@ class Proxy:
                 self._fit_policy(tenant, model),
                 request_deadline(request.headers),
             )
-            trace.outcome = admitted.outcome
+            trace.outcome, trace.admitting = admitted.outcome, False
             try:
                 headers = response_headers(admitted.outcome)
                 response = await self._forward(request, backend, admitted.body, dialect, request_id, headers, observer,
@@ -217,6 +226,7 @@ class Proxy:
                 if backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
                     self._admitter.model_may_have_reloaded(backend, model, at_default=True)  # /v1: Ollama's default
             if observer is not None and response.status == 200:
+                trace.output_tokens = observer.output_tokens()
                 await self._observe(parsed, backend, admitted.outcome, observer.prompt_tokens(), model)
             return response
         finally:

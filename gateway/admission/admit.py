@@ -177,6 +177,8 @@ class Admitter:
         policy = self._policy
         if tenant.max_active is not None:
             policy = replace(policy, per_tenant_max_active=tenant.max_active)
+        if tenant.max_pool_share is not None:
+            policy = replace(policy, per_tenant_max_share=tenant.max_pool_share)
         if deadline is not None and deadline[0] < policy.queue_timeout_s:  # a deadline shortens the wait only
             policy = replace(policy, queue_timeout_s=deadline[0], queue_limit_name=f"the request's {deadline[1]}")
         fit = fit or self._default_fit

@@ -2,12 +2,13 @@
 
 Theory of operation
 -------------------
-For every pool key (backend, model) the ledger keeps the live reservations, and three running totals derived from
+For every pool key (backend, model) the ledger keeps the live reservations, and four running totals derived from
 them, so a snapshot costs no scan:
 
     pool ('gpu0', 'llama3.1:8b'):
         live:    { #1: 5,120 tokens 'ci' | #2: 2,048 tokens 'web' | #4: 900 tokens 'ci' }
-        totals:  active_sequences = 3,  reserved_tokens = 8,068,  per_tenant_active = {'ci': 2, 'web': 1}
+        totals:  active_sequences = 3,  reserved_tokens = 8,068,  per_tenant_active = {'ci': 2, 'web': 1},
+                 per_tenant_tokens = {'ci': 6,020, 'web': 2,048}
 
 Guarantees:
 - ``reserve`` always succeeds: it records, it does not decide. Whether a reservation fits is the planner's question,
@@ -49,15 +50,19 @@ class _Book:
     reserved_tokens: int = 0
     active_sequences: int = 0
     per_tenant_active: Counter[str] = field(default_factory=Counter)
+    per_tenant_tokens: Counter[str] = field(default_factory=Counter)
 
     def check(self) -> None:
         assert self.reserved_tokens >= 0, self.reserved_tokens
         assert self.reserved_tokens == sum(r.tokens for r in self.live.values()), (self.reserved_tokens, self.live)
         assert self.active_sequences == sum(r.sequences for r in self.live.values()), self.active_sequences
         tenants: Counter[str] = Counter()
+        tokens: Counter[str] = Counter()
         for reservation in self.live.values():
             tenants[reservation.tenant] += reservation.sequences
+            tokens[reservation.tenant] += reservation.tokens
         assert self.per_tenant_active == tenants, self.per_tenant_active
+        assert dict(self.per_tenant_tokens) == dict(tokens), (self.per_tenant_tokens, tokens)
         assert all(count > 0 for count in self.per_tenant_active.values()), self.per_tenant_active
 
 
@@ -72,7 +77,8 @@ class Ledger:
         book = self._books.get(key)
         if book is None:
             return LedgerSnapshot()
-        return LedgerSnapshot(book.active_sequences, book.reserved_tokens, book.per_tenant_active)
+        return LedgerSnapshot(book.active_sequences, book.reserved_tokens, book.per_tenant_active,
+                              book.per_tenant_tokens)
 
     def reserve(self, key: PoolKey, tokens: int, tenant: str, sequences: int = 1) -> Reservation:
         if tokens < 0 or sequences < 1:
@@ -84,6 +90,7 @@ class Ledger:
         book.reserved_tokens += tokens
         book.active_sequences += sequences
         book.per_tenant_active[tenant] += sequences
+        book.per_tenant_tokens[tenant] += tokens
         return reservation
 
     def release(self, reservation: Reservation) -> bool:
@@ -95,8 +102,10 @@ class Ledger:
         book.reserved_tokens -= reservation.tokens
         book.active_sequences -= reservation.sequences
         book.per_tenant_active[reservation.tenant] -= reservation.sequences
+        book.per_tenant_tokens[reservation.tenant] -= reservation.tokens
         if book.per_tenant_active[reservation.tenant] == 0:
             del book.per_tenant_active[reservation.tenant]
+            del book.per_tenant_tokens[reservation.tenant]
         if not book.live:
             del self._books[reservation.key]
         return True

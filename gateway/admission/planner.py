@@ -37,10 +37,27 @@ The rules, in the order they are applied:
                      ``default_output_tokens``, at most the rest of the context: with every slot busy each answer
                      still has its share, and a request never reserves the whole pool for an answer that may be
                      short.
+   Either way, with a tenant share (rule 5) the limit chosen is at most what the share leaves after the prompt:
+   kvgate's own choice never makes a request too big for its tenant.
 4. Sequences. A request for ``n`` completions runs ``n`` sequences, each holding prompt + output. More than the pool
    has slots (or, unified, more than the pool holds) can never run: rejected (400 ``too_many_sequences``).
-5. Capacity. The tenant's cap (Wait scope "tenant"), then free slots, then (unified pools only) free tokens
-   (Wait scope "pool").
+5. Tenant share. ``per_tenant_max_share`` caps the tokens one tenant's reservations may hold in the pool at once,
+   on top of ``per_tenant_max_active`` (which counts sequences). It is resolved against this pool here, so one
+   policy serves pools of any size:
+
+       share 0.25 (a float: a fraction)    -> floor(0.25 * pool_tokens) tokens of this pool
+       share 6000 (an int: tokens)         -> 6,000 tokens of any pool
+
+       pool 32,768 tokens, tenant 'ci' share 0.25 = 8,192:
+       | ci 5,000 | web 9,000 | . . . free 18,768 . . . |
+       ci asks 2,000  -> 5,000 + 2,000 <= 8,192: admit (if the pool has room)
+       ci asks 4,000  -> 5,000 + 4,000 >  8,192: Wait scope "tenant" until ci's own sequences end
+       ci asks 9,000  -> 9,000 > 8,192 on its own: Reject 400 ``tenant_share_exceeded`` (it could never run)
+
+   It counts the same tokens as the pool's own budget: in a split pool each reservation is what its slot will
+   hold, in a unified pool its part of the shared cells; either way ``pool_tokens`` is the whole.
+6. Capacity. The tenant's caps, active sequences then its share (Wait scope "tenant"), then free slots, then
+   (unified pools only) free tokens (Wait scope "pool").
 
 Rejections depend only on the request, the pool and the policy, never on the snapshot; so a request that would be
 rejected is rejected at once instead of after a wait. No I/O, no clock, no logging: the same inputs give the same
@@ -67,6 +84,7 @@ from gateway.domain import BackendKind
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 TOO_MANY_SEQUENCES = "too_many_sequences"
+TENANT_SHARE_EXCEEDED = "tenant_share_exceeded"
 
 
 def plan(cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Policy) -> Decision:
@@ -75,14 +93,17 @@ def plan(cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Po
     prompt_tokens = reserved_prompt_tokens(cost, policy)
     if prompt_tokens >= context.tokens:
         return _prompt_too_long(cost, pool, prompt_tokens, context.tokens)
-    output = _fit_output(cost, pool, policy, prompt_tokens, context.tokens)
+    share_tokens = tenant_share_tokens(policy.per_tenant_max_share, pool)
+    output = _fit_output(cost, pool, policy, prompt_tokens, context.tokens, share_tokens)
     if isinstance(output, Reject):
         return output
     reserve_tokens = (prompt_tokens + output.tokens) * cost.sequences
     too_many = _too_many_sequences(cost, pool, policy, reserve_tokens)
     if too_many is not None:
         return too_many
-    wait = _capacity_wait(cost, pool, snapshot, policy, reserve_tokens)
+    if share_tokens is not None and reserve_tokens > share_tokens:
+        return _over_share(cost, pool, policy, prompt_tokens, reserve_tokens, share_tokens)
+    wait = _capacity_wait(cost, pool, snapshot, policy, reserve_tokens, share_tokens)
     if wait is not None:
         return wait
     rewrites = Rewrites(num_ctx=context.rewrite, max_output_tokens=output.rewrite)
@@ -95,6 +116,16 @@ def reserved_prompt_tokens(cost: RequestCost, policy: Policy) -> int:
         return cost.prompt_tokens
     # round() first so that 1000 * 1.1 = 1100.0000000000002 does not become 1101
     return math.ceil(round(cost.prompt_tokens * (1.0 + policy.estimate_margin), 6))
+
+
+def tenant_share_tokens(share: float | int | None, pool: PoolSpec) -> int | None:
+    """A tenant's share of this pool in tokens: a float is a fraction of ``pool_tokens`` (rounded down), an int is
+    tokens already; None is no cap."""
+    if share is None:
+        return None
+    if isinstance(share, float):
+        return math.floor(round(share * pool.pool_tokens, 6))  # round() first, as in reserved_prompt_tokens
+    return share
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +153,8 @@ def _context(cost: RequestCost, pool: PoolSpec, policy: Policy) -> _Fit:
 
 
 def _fit_output(
-    cost: RequestCost, pool: PoolSpec, policy: Policy, prompt_tokens: int, context_tokens: int
+    cost: RequestCost, pool: PoolSpec, policy: Policy, prompt_tokens: int, context_tokens: int,
+    share_tokens: int | None,
 ) -> _Fit | Reject:
     room_tokens = context_tokens - prompt_tokens
     asked = cost.max_output_tokens
@@ -132,6 +164,10 @@ def _fit_output(
             share = pool.pool_tokens // pool.slots - prompt_tokens
             granted = min(room_tokens, max(policy.default_output_tokens, share))
         where = "the sequence's fair share of the shared pool" if pool.unified else "the rest of its slot"
+        tenant_room = None if share_tokens is None else share_tokens // cost.sequences - prompt_tokens
+        if tenant_room is not None and 1 <= tenant_room < granted:  # below 1 nothing fits: rule 5 refuses it
+            granted = tenant_room
+            where = f"what tenant '{cost.tenant}'s share of the pool leaves after the prompt"
         note = f"no output limit given; set to {granted:,} tokens, {where}"
         return _Fit(granted, granted, (note,))
     if asked <= room_tokens:
@@ -176,13 +212,44 @@ def _too_many_sequences(cost: RequestCost, pool: PoolSpec, policy: Policy, reser
     return Reject(400, TOO_MANY_SEQUENCES, f"the request asks for {n} completions (n); {limit}; ask for fewer")
 
 
+def _over_share(
+    cost: RequestCost, pool: PoolSpec, policy: Policy, prompt_tokens: int, reserve_tokens: int, share_tokens: int
+) -> Reject:
+    """A request that alone needs more than its tenant's share of the pool: it could never run, even alone."""
+    output_tokens = reserve_tokens // cost.sequences - prompt_tokens
+    parts = f"prompt {_prompt_words(cost, prompt_tokens)} + max output {output_tokens:,}"
+    if cost.sequences > 1:
+        parts = f"({parts}) x {cost.sequences} completions"
+    return Reject(
+        400,
+        TENANT_SHARE_EXCEEDED,
+        f"the request needs {reserve_tokens:,} tokens: {parts}; tenant '{cost.tenant}' may hold at most "
+        f"{_share_words(policy, share_tokens, pool)}; lower max output, shorten the prompt or ask for a larger share",
+    )
+
+
+def _share_words(policy: Policy, share_tokens: int, pool: PoolSpec) -> str:
+    """'4,096 tokens (max_pool_share 0.125 of 32,768) in model ...', or '(max_pool_share)' for a number of tokens."""
+    share = policy.per_tenant_max_share
+    setting = f"max_pool_share {share:g} of {pool.pool_tokens:,}" if isinstance(share, float) else "max_pool_share"
+    return f"{share_tokens:,} tokens ({setting}) in {_where(pool)}"
+
+
 def _capacity_wait(
-    cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Policy, reserve_tokens: int
+    cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Policy, reserve_tokens: int,
+    share_tokens: int | None,
 ) -> Wait | None:
     cap = policy.per_tenant_max_active
     active = snapshot.per_tenant_active.get(cost.tenant, 0)
     if cap is not None and active + cost.sequences > cap:
         return Wait(f"tenant '{cost.tenant}' has {active} of {cap} allowed active requests on {_where(pool)}", "tenant")
+    held = snapshot.per_tenant_tokens.get(cost.tenant, 0)
+    if share_tokens is not None and held + reserve_tokens > share_tokens:
+        return Wait(
+            f"tenant '{cost.tenant}' holds {held:,} of its {_share_words(policy, share_tokens, pool)}; "
+            f"this request needs {reserve_tokens:,}",
+            "tenant",
+        )
     if snapshot.active_sequences + cost.sequences > pool.slots:
         return Wait(f"all {pool.slots} sequence slots of {_where(pool)} are busy")
     if pool.unified and snapshot.reserved_tokens + reserve_tokens > pool.pool_tokens:

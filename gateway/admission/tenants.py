@@ -33,6 +33,7 @@ class Tenant:
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
     priority: int = 0
+    max_pool_share: float | int | None = None
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
@@ -46,7 +47,8 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
 def _tenant(name: str, config: TenantSettings | None) -> Tenant:
     if config is None:
         return Tenant(name)
-    return Tenant(name, config.max_active, config.max_prompt_tokens, config.max_output_tokens, config.priority)
+    return Tenant(name, config.max_active, config.max_prompt_tokens, config.max_output_tokens, config.priority,
+                  config.max_pool_share)
 
 
 class TenantDirectory:

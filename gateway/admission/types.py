@@ -111,6 +111,10 @@ class Policy:
       another value never reloads the model (ollama.md section 4.5).
     - ``clamp_output``: lower the client's max output so prompt + output fit the slot, instead of refusing.
     - ``per_tenant_max_active``: active sequences one tenant may hold in one pool; more wait.
+    - ``per_tenant_max_share``: the share of each pool's tokens one tenant's reservations may hold at once: a float in
+      (0, 1] is a fraction of ``PoolSpec.pool_tokens``, an int >= 1 a number of tokens. The planner turns it into
+      tokens per pool (``planner.tenant_share_tokens``); a request that would take the tenant over it waits, one
+      that alone exceeds it is refused.
     - ``overtake_window_s``: while the head of a queue has waited less than this, smaller requests behind it that fit
       may go first; after it, nobody passes the head until it fits (no starvation of big requests).
     - ``queue_timeout_s``: how long a request may wait; a request's own deadline (``X-Kvgate-Deadline``, the OpenAI
@@ -124,6 +128,7 @@ class Policy:
     max_queue: int = 256
     queue_timeout_s: float = 120.0
     per_tenant_max_active: int | None = None
+    per_tenant_max_share: float | int | None = None
     overtake_window_s: float = 5.0
     queue_limit_name: str = "queue_timeout_s"
     """What set ``queue_timeout_s``, for the refusal: the setting, or the request's own deadline."""
@@ -137,6 +142,19 @@ class Policy:
             raise ValueError("queue_timeout_s must be positive and overtake_window_s not negative")
         if self.per_tenant_max_active is not None and self.per_tenant_max_active < 1:
             raise ValueError(f"per_tenant_max_active is {self.per_tenant_max_active}; use None for no cap")
+        share = self.per_tenant_max_share
+        if share is not None and not valid_pool_share(share):
+            raise ValueError(f"per_tenant_max_share is {share!r}; expected a fraction in (0, 1] such as 0.25, a number "
+                             "of tokens (an integer, at least 1), or None for no cap")
+
+
+def valid_pool_share(share: object) -> bool:
+    """A pool share is a float fraction in (0, 1] or an int number of tokens >= 1 (a bool is neither)."""
+    if isinstance(share, bool):
+        return False
+    if isinstance(share, int):
+        return share >= 1
+    return isinstance(share, float) and 0.0 < share <= 1.0
 
 
 def _frozen_counts(counts: Mapping[str, int] | None = None) -> Mapping[str, int]:
@@ -145,15 +163,19 @@ def _frozen_counts(counts: Mapping[str, int] | None = None) -> Mapping[str, int]
 
 @dataclass(frozen=True, slots=True)
 class LedgerSnapshot:
-    """What one pool holds right now: the only live state the planner sees."""
+    """What one pool holds right now: the only live state the planner sees. ``per_tenant_tokens`` is the tokens each
+    tenant's live reservations hold (the tenant's share), beside its active sequences."""
 
     active_sequences: int = 0
     reserved_tokens: int = 0
     per_tenant_active: Mapping[str, int] = field(default_factory=_frozen_counts)
+    per_tenant_tokens: Mapping[str, int] = field(default_factory=_frozen_counts)
 
     def __post_init__(self) -> None:
         if not isinstance(self.per_tenant_active, MappingProxyType):
             object.__setattr__(self, "per_tenant_active", _frozen_counts(self.per_tenant_active))
+        if not isinstance(self.per_tenant_tokens, MappingProxyType):
+            object.__setattr__(self, "per_tenant_tokens", _frozen_counts(self.per_tenant_tokens))
 
 
 # --- decisions: a closed union, ``Decision = Admit | Wait | Reject`` ---------------------------------------------

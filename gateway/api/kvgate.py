@@ -1,4 +1,4 @@
-"""kvgate's own routes under ``/kvgate/``: health, the live "what fits" estimate and token counts.
+"""kvgate's own routes under ``/kvgate/``: health, the live "what fits" estimate, token counts and usage per tenant.
 
 Errors use OpenAI's error shape (the most common client), with the parameter named in ``param``.
 """
@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import html
 import logging
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from aiohttp import web
@@ -32,6 +33,7 @@ from gateway.memory.residency import (
 )
 from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import VramReading, VramUnavailable
+from gateway.observability.tenant_usage import TenantUsage
 from gateway.routes import ROUTES
 from gateway.text import safe_text
 from gateway.tokens.prompt_counter import COUNTED_OPERATIONS, PromptCounter
@@ -181,6 +183,16 @@ def count_handler(deps: CountDeps) -> Callable[[web.Request], Awaitable[web.Resp
         })
 
     return count
+
+
+def tenants_snapshot(usage: TenantUsage, configured: Iterable[str], room: WaitingRoom) -> dict[str, object]:
+    """``GET /kvgate/tenants``: each tenant's usage since start (observability/tenant_usage.py) and the sequences it
+    holds in the KV pools now; no I/O."""
+    active: Counter[str] = Counter()
+    ledger = room.ledger
+    for key in ledger.keys():  # noqa: SIM118 (a Ledger is no mapping)
+        active.update(ledger.snapshot(key).per_tenant_active)
+    return usage.snapshot(configured, active)
 
 
 def status_snapshot(

@@ -6,6 +6,10 @@ the waiting room when scraped (``GET /kvgate/metrics``), so they can never drift
 
     kvgate_requests_total{route,backend,status}          requests answered, by route template
     kvgate_tenant_requests_total{tenant,status}          requests answered, by tenant
+    kvgate_tenant_prompt_tokens_total{tenant}            prompt tokens kvgate forwarded (its count, after any trim)
+    kvgate_tenant_output_tokens_total{tenant}            output tokens the backend reported (none when it did not)
+    kvgate_tenant_refusals_total{tenant,reason}          refused by kvgate itself (tenant_usage.refusal_reason)
+    kvgate_tenant_queue_seconds_total{tenant}            summed queue waits of admitted requests
     kvgate_request_duration_seconds{route}               time to the end of the response
     kvgate_prompt_tokens_total{backend,counter,exact}    prompt tokens counted
     kvgate_decisions_total{backend,decision}             admitted | queued | rewritten | trimmed | refused
@@ -26,7 +30,8 @@ the waiting room when scraped (``GET /kvgate/metrics``), so they can never drift
 GPU gauges come from the last budget the app computed (on a status read, and in the refresh loop), never from I/O
 during a scrape. Every ``model`` label is bounded: pool labels are pool keys, the truncation counter's is the name
 the backend lists (``truncations.model_label``), the GPU ledger's the names the backend lists as resident, never a
-client's string as sent. Every label value is safe text (``gateway.text.safe_text``): one that could not be encoded
+client's string as sent; every ``tenant`` label a configured name, ``anonymous``, ``kvgate-summarizer`` or "-" (no
+tenant: a bad key). Every label value is safe text (``gateway.text.safe_text``): one that could not be encoded
 would fail every later scrape.
 """
 
@@ -44,6 +49,7 @@ from gateway.admission.gpu_ledger import GpuBoard
 from gateway.admission.loads import LoadCounts
 from gateway.admission.outcome import AdmissionOutcome, decision_labels
 from gateway.fitting.summaries import Summaries
+from gateway.observability.tenant_usage import UNIDENTIFIED, TenantUsage
 from gateway.observability.truncations import TruncationLog
 from gateway.text import safe_text
 
@@ -165,6 +171,15 @@ class Metrics:
                                      registry=self.registry)
         self.tenant_requests = Counter("kvgate_tenant_requests", "Requests answered, by tenant", ["tenant", "status"],
                                        registry=self.registry)
+        self.tenant_prompt_tokens = Counter("kvgate_tenant_prompt_tokens", "Prompt tokens kvgate forwarded, by tenant",
+                                            ["tenant"], registry=self.registry)
+        self.tenant_output_tokens = Counter("kvgate_tenant_output_tokens", "Output tokens the backend reported, by "
+                                            "tenant", ["tenant"], registry=self.registry)
+        self.tenant_refusals = Counter("kvgate_tenant_refusals", "Requests kvgate refused itself, by tenant",
+                                       ["tenant", "reason"], registry=self.registry)
+        self.tenant_queue_seconds = Counter("kvgate_tenant_queue_seconds", "Queue waits of admitted requests, by "
+                                            "tenant", ["tenant"], registry=self.registry)
+        self.tenant_usage = TenantUsage()
         self.decisions = Counter("kvgate_decisions", "What admission did", ["backend", "decision"],
                                  registry=self.registry)
         self.truncations = Counter("kvgate_truncations", "Replies whose reported prompt length is short of kvgate's "
@@ -208,20 +223,41 @@ def record_truncation(
 
 def record(
     metrics: Metrics, route: str, status: int, elapsed_s: float, *, backend: str, tenant: str,
-    outcome: AdmissionOutcome | None,
+    outcome: AdmissionOutcome | None, output_tokens: int | None = None, refusal: str | None = None,
 ) -> None:
     """Count one answered request; ``backend`` is the backend's name ("-" when none was chosen), ``outcome`` what
-    admission did (None for a request that went through no admission)."""
+    admission did (None for a request that went through no admission), ``output_tokens`` what the backend reported,
+    ``refusal`` why kvgate refused it (``tenant_usage.refusal_reason``)."""
     child = metrics.child
     child(metrics.requests, route, backend, str(status)).inc()
     child(metrics.tenant_requests, tenant, str(status)).inc()
     child(metrics.duration, route).observe(elapsed_s)
+    _record_tenant(metrics, tenant, status, outcome, output_tokens, refusal)
     if outcome is None:
         return
     count = outcome.forwarded_count
     child(metrics.prompt_tokens, backend, count.counter, "exact" if count.exact else "estimate").inc(count.tokens)
     for decision in decision_labels(outcome):
         child(metrics.decisions, backend, decision).inc()
+
+
+def _record_tenant(
+    metrics: Metrics, tenant: str, status: int, outcome: AdmissionOutcome | None, output_tokens: int | None,
+    refusal: str | None,
+) -> None:
+    """The ``kvgate_tenant_*`` usage counters and the same figures for ``/kvgate/tenants``."""
+    if tenant == UNIDENTIFIED:
+        return
+    child = metrics.child
+    prompt_tokens = outcome.forwarded_count.tokens if outcome is not None else 0
+    queue_s = outcome.waited_s if outcome is not None else 0.0
+    child(metrics.tenant_prompt_tokens, tenant).inc(prompt_tokens)
+    child(metrics.tenant_queue_seconds, tenant).inc(queue_s)
+    child(metrics.tenant_output_tokens, tenant).inc(output_tokens or 0)
+    if refusal is not None:
+        child(metrics.tenant_refusals, tenant, refusal).inc()
+    metrics.tenant_usage.add(tenant, status, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                             queue_s=queue_s, refusal=refusal)
 
 
 def record_refusal(metrics: Metrics, backend: str) -> None:

@@ -1,4 +1,4 @@
-"""Read the prompt length a backend reports in its response, without touching the bytes that pass through.
+"""Read the prompt and output lengths a backend reports in its response, without touching the bytes that pass through.
 
 Where each backend puts the whole prompt's length (cached part included), first match wins:
 
@@ -10,6 +10,15 @@ Where each backend puts the whole prompt's length (cached part included), first 
     llama-server /completion      tokens_evaluated, else timings.cache_n + timings.prompt_n
                                   (prompt_n alone leaves out the cached prefix)
 
+Where each puts the output's length (``output_tokens()``), first match wins, and the last object reporting it in a
+stream (Anthropic's message_delta carries the final count, after message_start's first one):
+
+    Ollama /api/*                 eval_count
+    OpenAI-style /v1/*            usage.completion_tokens
+    OpenAI Responses              response.usage.output_tokens
+    Anthropic /v1/messages        [message.]usage.output_tokens
+    llama-server /completion      tokens_predicted, else timings.predicted_n
+
 The observer keeps only the last 1 MiB of a body (O(1) work per chunk) and, once it has ended, searches that tail
 from the back, where streams put the figure. A plain JSON body longer than that can't be parsed from its tail; the
 figure is then picked out of it by name (a key can't occur unescaped inside a JSON string, so no text fakes it).
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -28,6 +38,8 @@ from gateway.headers import NDJSON, SSE, stream_kind
 TAIL_BYTES = 1 << 20
 """Enough for Ollama's final /api/generate object, whose ``context`` array can be long."""
 _FIGURE = re.compile(rb'"(?:prompt_eval_count|prompt_tokens|input_tokens|tokens_evaluated)"\s*:\s*(\d+)')
+_OUTPUT_FIGURE = re.compile(
+    rb'"(?:eval_count|completion_tokens|output_tokens|tokens_predicted|predicted_n)"\s*:\s*(\d+)')
 FIRST_LOOK_BYTES = 4096
 """How much of the tail's end is searched first; eight times more on each miss."""
 
@@ -46,6 +58,14 @@ def _usage_prompt_tokens(usage: dict[str, Any]) -> int | None:
     return found + sum(_int(usage.get(key)) or 0 for key in ("cache_read_input_tokens", "cache_creation_input_tokens"))
 
 
+def _usage_of(obj: dict[str, Any]) -> object:
+    usage = obj.get("usage")
+    if usage is None:  # Anthropic's message_start event, OpenAI Responses' response.completed event
+        inner = obj.get("message") if isinstance(obj.get("message"), dict) else obj.get("response")
+        usage = inner.get("usage") if isinstance(inner, dict) else None
+    return usage
+
+
 def prompt_tokens_of(obj: object) -> int | None:
     """The prompt length one JSON object (a body, an NDJSON line, an SSE event's data) reports, if any."""
     if not isinstance(obj, dict):
@@ -53,10 +73,7 @@ def prompt_tokens_of(obj: object) -> int | None:
     found = _int(obj.get("prompt_eval_count"))
     if found is not None:
         return found
-    usage = obj.get("usage")
-    if usage is None:  # Anthropic's message_start event, OpenAI Responses' response.completed event
-        inner = obj.get("message") if isinstance(obj.get("message"), dict) else obj.get("response")
-        usage = inner.get("usage") if isinstance(inner, dict) else None
+    usage = _usage_of(obj)
     if isinstance(usage, dict):
         found = _usage_prompt_tokens(usage)
         if found is not None:
@@ -72,6 +89,30 @@ def prompt_tokens_of(obj: object) -> int | None:
     return None
 
 
+def output_tokens_of(obj: object) -> int | None:
+    """The output length one JSON object reports, if any."""
+    if not isinstance(obj, dict):
+        return None
+    found = _int(obj.get("eval_count"))
+    if found is not None:
+        return found
+    usage = _usage_of(obj)
+    if isinstance(usage, dict):
+        found = _int(usage.get("completion_tokens"))
+        if found is None:
+            found = _int(usage.get("output_tokens"))
+        if found is not None:
+            return found
+    found = _int(obj.get("tokens_predicted"))
+    if found is not None:
+        return found
+    timings = obj.get("timings")
+    return _int(timings.get("predicted_n")) if isinstance(timings, dict) else None
+
+
+_Extract = Callable[[object], int | None]
+
+
 def _loads(raw: bytes) -> object:
     try:
         return orjson.loads(raw)
@@ -79,30 +120,29 @@ def _loads(raw: bytes) -> object:
         return None
 
 
-def _figure_by_name(tail: bytes) -> int | None:
+def _figure_by_name(tail: bytes, pattern: re.Pattern[bytes] = _FIGURE) -> int | None:
     """The last figure in the end of a JSON body whose start is gone (no cache parts added: a rough answer for
     bodies over 1 MiB)."""
-    figures = _FIGURE.findall(tail)
+    figures = pattern.findall(tail)
     return int(figures[-1]) if figures else None
 
 
 class UsageObserver:
-    """Fed every chunk of a response; ``prompt_tokens()`` answers once the body has ended."""
+    """Fed every chunk of a response; ``prompt_tokens()`` and ``output_tokens()`` answer once the body has ended."""
 
     def __init__(self) -> None:
         self._kind: str | None = None
         self._tail: deque[bytes] = deque()
         self._tail_bytes = 0
         self._dropped = False
-        self._found: int | None = None
-        self._searched = False
+        self._found: dict[_Extract, int | None] = {}
 
     def begin(self, content_type: str) -> None:
         """Called with the response's Content-Type before the first chunk."""
         self._kind = stream_kind(content_type)
 
     def feed(self, chunk: bytes) -> None:
-        self._searched = False
+        self._found.clear()
         self._tail.append(chunk)
         self._tail_bytes += len(chunk)
         while self._tail_bytes - len(self._tail[0]) >= TAIL_BYTES:
@@ -110,15 +150,22 @@ class UsageObserver:
             self._dropped = True
 
     def prompt_tokens(self) -> int | None:
-        """The figure (searched once per state of the tail: asking twice costs nothing)."""
-        if not self._searched:
-            self._found, self._searched = self._search(), True
-        return self._found
+        """The prompt's figure (searched once per state of the tail: asking twice costs nothing)."""
+        return self._figure(prompt_tokens_of, _FIGURE)
 
-    def _search(self) -> int | None:
+    def output_tokens(self) -> int | None:
+        """The output's figure (None when the backend reported none)."""
+        return self._figure(output_tokens_of, _OUTPUT_FIGURE)
+
+    def _figure(self, extract: _Extract, pattern: re.Pattern[bytes]) -> int | None:
+        if extract not in self._found:
+            self._found[extract] = self._search(extract, pattern)
+        return self._found[extract]
+
+    def _search(self, extract: _Extract, pattern: re.Pattern[bytes]) -> int | None:
         if self._kind is None:
             body = b"".join(self._tail)
-            return _figure_by_name(body) if self._dropped else prompt_tokens_of(_loads(body))
+            return _figure_by_name(body, pattern) if self._dropped else extract(_loads(body))
         # The figure sits in the last lines: look at a growing suffix of the tail, so a long stream costs no more
         # than a short one when it is there (and at worst one pass over the whole tail when it is not).
         want_bytes = FIRST_LOOK_BYTES
@@ -127,7 +174,7 @@ class UsageObserver:
             lines = suffix.splitlines()
             if lines and not (whole and not self._dropped):
                 lines = lines[1:]  # the first line may be cut
-            found = self._last_usage(lines)
+            found = self._last_usage(lines, extract)
             if found is not None or whole:
                 return found
             want_bytes *= 8
@@ -146,11 +193,11 @@ class UsageObserver:
         parts.reverse()
         return b"".join(parts), len(parts) == len(self._tail)
 
-    def _last_usage(self, lines: list[bytes]) -> int | None:
+    def _last_usage(self, lines: list[bytes], extract: _Extract) -> int | None:
         for line in reversed(lines):
             payload = line.removeprefix(b"data:").strip() if self._kind == SSE else line.strip()
             if self._kind == NDJSON or line.startswith(b"data:"):
-                found = prompt_tokens_of(_loads(payload))
+                found = extract(_loads(payload))
                 if found is not None:
                     return found
         return None

@@ -433,7 +433,7 @@ async def test_a_second_request_waits_until_the_first_is_released() -> None:
     outcome = admitted.outcome
     assert (outcome.waited_s, outcome.decision) == (2.5, AdmissionDecision.ADMITTED_AFTER_WAIT)
     assert "waited 2.50 s in the queue" in outcome.notes
-    assert s.room.ledger.snapshot(ONE_SLOT_POOL.key) == LedgerSnapshot(1, 150, {"anonymous": 1})
+    assert s.room.ledger.snapshot(ONE_SLOT_POOL.key) == LedgerSnapshot(1, 150, {"anonymous": 1}, {"anonymous": 150})
     admitted.release()
 
 
@@ -472,7 +472,7 @@ async def test_the_tenant_max_active_holds_its_second_request_not_others() -> No
 async def test_release_twice_is_harmless_and_returns_the_reservation_once() -> None:
     s = setup()
     admitted = await admit(s, openai_chat(max_tokens=100), ONE_SLOT_POOL, exact(50))
-    assert s.room.ledger.snapshot(ONE_SLOT_POOL.key) == LedgerSnapshot(1, 150, {"anonymous": 1})
+    assert s.room.ledger.snapshot(ONE_SLOT_POOL.key) == LedgerSnapshot(1, 150, {"anonymous": 1}, {"anonymous": 150})
     admitted.release()
     admitted.release()
     assert admitted.permit is not None and admitted.permit.released

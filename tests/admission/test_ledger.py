@@ -37,7 +37,7 @@ def test_release_is_exactly_once() -> None:
     gone = ledger.reserve(GPU0, 40, "a")
     assert ledger.release(gone) is True
     assert ledger.release(gone) is False
-    assert ledger.snapshot(GPU0) == LedgerSnapshot(1, 100, {"a": 1})
+    assert ledger.snapshot(GPU0) == LedgerSnapshot(1, 100, {"a": 1}, {"a": 100})
     assert ledger.is_live(kept) and not ledger.is_live(gone)
 
 
@@ -141,9 +141,12 @@ class LedgerMachine(RuleBasedStateMachine):
         for key in (GPU0, GPU1):
             live = [r for r in self.model.values() if r.key == key]
             per_tenant: dict[str, int] = {}
+            per_tenant_tokens: dict[str, int] = {}
             for r in live:
                 per_tenant[r.tenant] = per_tenant.get(r.tenant, 0) + 1
-            assert self.ledger.snapshot(key) == LedgerSnapshot(len(live), sum(r.tokens for r in live), per_tenant)
+                per_tenant_tokens[r.tenant] = per_tenant_tokens.get(r.tenant, 0) + r.tokens
+            assert self.ledger.snapshot(key) == LedgerSnapshot(len(live), sum(r.tokens for r in live), per_tenant,
+                                                               per_tenant_tokens)
 
 
 TestLedgerMachine = LedgerMachine.TestCase

@@ -131,3 +131,74 @@ def test_asking_twice_searches_once_until_more_comes() -> None:
     assert observer.prompt_tokens() == observer.prompt_tokens() == 5
     observer.feed(b'{"done":true,"prompt_eval_count":6}\n')
     assert observer.prompt_tokens() == 6
+
+
+def _observe_output(content_type: str, body: bytes, chunk_bytes: int = 7) -> int | None:
+    observer = UsageObserver()
+    observer.begin(content_type)
+    for start in range(0, len(body), chunk_bytes):
+        observer.feed(body[start:start + chunk_bytes])
+    return observer.output_tokens()
+
+
+@pytest.mark.parametrize(
+    ("name", "content_type", "body", "expected"),
+    [
+        ("ollama /api/chat", "application/json",
+         orjson.dumps({"message": {"content": "hi"}, "done": True, "prompt_eval_count": 2051, "eval_count": 3}), 3),
+        ("ollama /api/generate stream", "application/x-ndjson",
+         _ndjson({"response": "a", "done": False},
+                 {"response": "", "done": True, "prompt_eval_count": 2051, "eval_count": 17, "context": [1, 2]}), 17),
+        ("ollama load request (no output)", "application/json",
+         orjson.dumps({"model": "m", "created_at": "x", "response": "", "done": True, "done_reason": "load"}), None),
+        ("openai", "application/json",
+         orjson.dumps({"choices": [], "usage": {"prompt_tokens": 2051, "completion_tokens": 3}}), 3),
+        ("openai stream with usage", "text/event-stream",
+         _sse({"choices": [{"delta": {"content": "a"}}], "usage": None},
+              {"choices": [], "usage": {"prompt_tokens": 2051, "completion_tokens": 12, "total_tokens": 2063}})
+         + b"data: [DONE]\n\n", 12),
+        ("openai stream without usage", "text/event-stream",
+         _sse({"choices": [{"delta": {"content": "a"}}]}) + b"data: [DONE]\n\n", None),
+        ("anthropic", "application/json",
+         orjson.dumps({"type": "message", "usage": {"input_tokens": 51, "cache_read_input_tokens": 2000,
+                                                    "output_tokens": 3}}), 3),
+        ("anthropic stream: message_delta's final count, not message_start's", "text/event-stream",
+         b"event: message_start\n"
+         + _sse({"type": "message_start", "message": {"usage": {"input_tokens": 2051, "output_tokens": 1}}})
+         + b"event: message_delta\n" + _sse({"type": "message_delta", "usage": {"output_tokens": 9}})
+         + b"event: message_stop\n" + _sse({"type": "message_stop"}), 9),
+        ("openai responses stream", "text/event-stream",
+         _sse({"type": "response.output_text.delta", "delta": "a"},
+              {"type": "response.completed", "response": {"usage": {"input_tokens": 2051, "output_tokens": 5}}}), 5),
+        ("llama-server /completion", "application/json",
+         orjson.dumps({"content": "a", "tokens_evaluated": 2051, "tokens_predicted": 8,
+                       "timings": {"cache_n": 2000, "prompt_n": 51, "predicted_n": 8}}), 8),
+        ("llama-server /completion stream, timings only", "text/event-stream",
+         _sse({"content": "a", "stop": False},
+              {"content": "", "stop": True, "timings": {"cache_n": 2000, "prompt_n": 51, "predicted_n": 4}}), 4),
+        ("llama-server /v1/chat/completions", "application/json",
+         orjson.dumps({"choices": [], "usage": {"completion_tokens": 6, "prompt_tokens": 2051, "total_tokens": 2057},
+                       "timings": {"prompt_n": 51, "predicted_n": 6}}), 6),
+        ("an error body", "application/json", b'{"error":"model not found"}', None),
+    ],
+)
+def test_output_tokens_of_every_backend_shape(name: str, content_type: str, body: bytes, expected: int | None) -> None:
+    assert _observe_output(content_type, body) == expected, name
+    assert _observe_output(content_type, body, chunk_bytes=len(body) or 1) == expected, name
+
+
+def test_prompt_and_output_are_searched_apart() -> None:
+    observer = UsageObserver()
+    observer.begin("application/x-ndjson")
+    observer.feed(b'{"done":true,"prompt_eval_count":5,"eval_count":2}\n')
+    assert (observer.prompt_tokens(), observer.output_tokens()) == (5, 2)
+    observer.feed(b'{"done":true,"prompt_eval_count":6,"eval_count":3}\n')
+    assert (observer.output_tokens(), observer.prompt_tokens()) == (3, 6)
+
+
+def test_a_plain_body_longer_than_the_tail_has_its_output_read_by_name() -> None:
+    body = orjson.dumps({"choices": [{"message": {"content": "x" * (3 * TAIL_BYTES)}}],
+                        "usage": {"prompt_tokens": 2051, "completion_tokens": 77}})
+    assert _observe_output("application/json", body, chunk_bytes=1 << 16) == 77
+    text = orjson.dumps({"response": 'say "eval_count": 5 ' + "x" * (2 * TAIL_BYTES), "prompt_eval_count": 9})
+    assert _observe_output("application/json", text, chunk_bytes=1 << 16) is None  # prompt_eval_count is no output
