@@ -1,7 +1,7 @@
 """Issue 10, point 2: deadlines on the client side (gateway/serving.py, gateway/streaming.py).
 
-- Slowloris: ``kvgate serve`` in a process limited to 1,024 open files, 600 connections (past the default cap of
-  448) or 1,000 (past the file limit, without a cap) sending their headers a byte at a time (a client whose SYN the
+- Slowloris: ``kvgate serve`` in a process limited to 512 open files, 300 connections (past the default cap of
+  192) or 500 (past the file limit, without a cap) sending their headers a byte at a time (a client whose SYN the
   full listen backlog drops gives up rather than retry a second later); with the default connection cap (which
   closes the longest-waiting connection to make room) 20 legitimate requests sent during the attack are all
   answered; with no cap (the header deadline alone) some fail during the attack, and all are answered once the
@@ -29,8 +29,9 @@ import pytest
 from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
 
-SLOW_CONNECTIONS = {"default cap": 600, "no cap": 1_000}
-"""Slow clients per case: past the default cap (half the 1,024 files, less 64: 448), and past the file limit."""
+SLOW_CONNECTIONS = {"default cap": 300, "no cap": 500}
+"""Slow clients per case: past the default cap (half the gateway's 512 files, less 64: 192), and past the file limit
+(500 connections and kvgate's own files)."""
 LEGIT_REQUESTS = 20
 HEADER_TIMEOUT_S = 0.5
 TRICKLE_S = 0.25
@@ -41,8 +42,12 @@ and would be sent again only after a second (Linux's initial retransmission time
 CHAT = {"model": "llama3.1:8b", "messages": [{"role": "user", "content": "hi"}], "stream": False}
 
 
+GATEWAY_FILES = 512
+"""The gateway's RLIMIT_NOFILE in the slowloris test: its default connection cap is half of it less 64 (192)."""
+
+
 def _gateway_nofile_limit() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (GATEWAY_FILES, GATEWAY_FILES))
 
 
 def _raise_own_nofile(needed: int) -> None:
@@ -110,7 +115,7 @@ async def _drain(stream: asyncio.StreamReader, lines: list[str]) -> None:
 
 
 @pytest.mark.parametrize("cap", ["default cap", "no cap"])
-async def test_slowloris_with_1024_files_leaves_legitimate_requests_answered(cap: str) -> None:
+async def test_slowloris_past_the_file_limit_leaves_legitimate_requests_answered(cap: str) -> None:
     attackers = SLOW_CONNECTIONS[cap]
     _raise_own_nofile(attackers + 200)
     env = {"PATH": "/usr/bin:/bin", "KVGATE_SERVER__HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
@@ -150,7 +155,7 @@ async def test_slowloris_with_1024_files_leaves_legitimate_requests_answered(cap
             answered = statuses.count(200)
             await asyncio.wait_for(asyncio.gather(*slow), timeout=HEADER_TIMEOUT_S + 15)
             longest_s = max(closed_after, default=0.0)
-            print(f"\nslowloris ({cap}, gateway RLIMIT_NOFILE 1024, header_timeout_s {HEADER_TIMEOUT_S:g}): "
+            print(f"\nslowloris ({cap}, gateway RLIMIT_NOFILE {GATEWAY_FILES}, header_timeout_s {HEADER_TIMEOUT_S:g}): "
                   f"{answered}/{LEGIT_REQUESTS} legitimate requests answered 200 in {took_s:.2f} s; "
                   f"{len(opened)} slow connections opened, {len(closed_after)} closed by kvgate, "
                   f"the longest held {longest_s:.2f} s")
