@@ -270,6 +270,11 @@ class TenantSettings(_Strict):
     )
     max_prompt_tokens: int | None = Field(default=None, ge=1)
     max_output_tokens: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(
+        default=None, ge=1, description="prompt + output tokens per minute (output settled from the reported "
+        "usage); over it: 429 with Retry-After",
+    )
+    requests_per_minute: int | None = Field(default=None, ge=1, description="over it: 429 with Retry-After")
     priority: int = Field(default=0, description="higher is served first from the queue")
     allow_unknown_keys: bool = Field(
         default=False, description="[tenants.anonymous] only: a key no tenant has runs as anonymous instead of a 401",

@@ -11,6 +11,7 @@
     ├── UnsupportedMediaType     415  the body has a Content-Encoding kvgate does not decode
     ├── ServerBusy               503  kvgate holds all the request-body bytes it may (with Retry-After)
     ├── BackendNotReady          503  the backend's KV pool can't be learned right now (with Retry-After)
+    ├── RateLimited              429  a tenant over its tokens or requests per minute (with Retry-After)
     ├── LoadRefused              503  a model load would overrun GPU memory and waiting won't help (Retry-After)
     ├── BackendUnavailable       502  the backend refused the connection or broke it before answering
     ├── BackendTimeout           504  the backend did not answer (or stalled) within a configured timeout
@@ -99,6 +100,17 @@ class BackendNotReady(GatewayError):
 
     status = 503
     code = "backend_not_ready"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RateLimited(GatewayError):
+    """Raised when a tenant is over its tokens or requests per minute; Retry-After says when the bucket holds enough."""
+
+    status = 429
+    code = "rate_limited"
 
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)

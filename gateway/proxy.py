@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -35,6 +36,7 @@ from gateway import dialects
 from gateway.admission import AdmissionRejected
 from gateway.admission.admit import Admitter
 from gateway.admission.outcome import AdmissionOutcome, log_fields, response_headers
+from gateway.admission.rates import RateLimiter
 from gateway.admission.tenants import Tenant, TenantDirectory
 from gateway.backends import Backend, BackendRegistry, models
 from gateway.backends.client import BackendCallError
@@ -42,7 +44,7 @@ from gateway.body.budget import BodyBudget, BodyLease
 from gateway.body.reader import read_body
 from gateway.config import Settings
 from gateway.domain import KV_OPERATIONS, BackendKind, Dialect, Operation, ParsedRequest
-from gateway.errors import BackendUnavailable, BadRequest, GatewayError, InternalError
+from gateway.errors import BackendUnavailable, BadRequest, GatewayError, InternalError, RateLimited
 from gateway.fitting.policy import FitPolicy, policy_for
 from gateway.fitting.summarizer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, InternalCalls
 from gateway.headers import REQUEST_ID, request_deadline, upstream_request_headers
@@ -111,6 +113,7 @@ class Proxy:
     ) -> None:
         self._settings = settings
         self._internal = internal
+        self._rates = RateLimiter()
         self._registry = registry
         self._counter = counter
         self._admitter = admitter
@@ -208,6 +211,7 @@ class Proxy:
         try:
             count = await self._counter.count(parsed, backend, model)
             observer = UsageObserver() if count is not None else None  # every counted reply: truncation check
+            self._take_rate(tenant, count)
             trace.admitting = True
             admitted = await self._admitter.admit(
                 parsed, raw, pool, count, tenant, lambda: _gone(request),
@@ -227,10 +231,23 @@ class Proxy:
                     self._admitter.model_may_have_reloaded(backend, model, at_default=True)  # /v1: Ollama's default
             if observer is not None and response.status == 200:
                 trace.output_tokens = observer.output_tokens()
+                self._rates.settle(tenant.name, tenant.rate, trace.output_tokens or 0, time.monotonic())
                 await self._observe(parsed, backend, admitted.outcome, observer.prompt_tokens(), model)
             return response
         finally:
             claim.release()
+
+    def _take_rate(self, tenant: Tenant, count: TokenCount | None) -> None:
+        """The tenant's tokens and requests per minute: 429 with Retry-After when over; 400 for a prompt larger than
+        a whole minute's tokens (waiting would not help)."""
+        prompt_tokens = count.tokens if count is not None else 0
+        refused = self._rates.take(tenant.name, tenant.rate, prompt_tokens, time.monotonic())
+        if refused is None:
+            return
+        if math.isinf(refused.retry_after_s):
+            raise BadRequest(f"{refused.reason}; shorten the prompt or ask for a higher rate")
+        raise RateLimited(f"{refused.reason}; retry in {math.ceil(refused.retry_after_s)} s",
+                          retry_after_s=max(1.0, math.ceil(refused.retry_after_s)))
 
     async def _backend_for(self, request: web.Request, parsed: ParsedRequest, route: Route, tenant: Tenant) -> Backend:
         """The backend the model routes to; kvgate's own summary requests may name one (``X-Kvgate-Route-Backend``,

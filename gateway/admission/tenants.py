@@ -19,10 +19,12 @@ import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gateway.admission.rates import RateLimit
 from gateway.config import ANONYMOUS_TENANT, Settings, TenantSettings
 from gateway.errors import Unauthorized
 
 ANONYMOUS = ANONYMOUS_TENANT
+NO_RATE_LIMIT = RateLimit()
 _HOW = "send a tenant's key as 'Authorization: Bearer <key>' or 'X-Api-Key'"
 
 
@@ -34,6 +36,7 @@ class Tenant:
     max_output_tokens: int | None = None
     priority: int = 0
     max_pool_share: float | int | None = None
+    rate: RateLimit = NO_RATE_LIMIT
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
@@ -48,7 +51,7 @@ def _tenant(name: str, config: TenantSettings | None) -> Tenant:
     if config is None:
         return Tenant(name)
     return Tenant(name, config.max_active, config.max_prompt_tokens, config.max_output_tokens, config.priority,
-                  config.max_pool_share)
+                  config.max_pool_share, RateLimit(config.tokens_per_minute, config.requests_per_minute))
 
 
 class TenantDirectory:

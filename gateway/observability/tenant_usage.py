@@ -21,13 +21,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gateway.admission.errors import CLIENT_CLOSED, AdmissionRejected
-from gateway.errors import BadRequest, GatewayError, LoadRefused, ServerBusy
+from gateway.errors import BadRequest, GatewayError, LoadRefused, RateLimited, ServerBusy
 
 UNIDENTIFIED = "-"
 """The tenant label of a request refused before its tenant was known (a bad key)."""
 MAX_PROMPT_TOKENS = "max_prompt_tokens"
 GPU_MEMORY = "gpu_memory"
 SERVER_BUSY = "server_busy"
+RATE_LIMITED = "rate_limited"
 
 
 def refusal_reason(error: GatewayError, *, in_admission: bool) -> str | None:
@@ -41,6 +42,8 @@ def refusal_reason(error: GatewayError, *, in_admission: bool) -> str | None:
         return GPU_MEMORY
     if isinstance(error, ServerBusy):
         return SERVER_BUSY
+    if isinstance(error, RateLimited):
+        return RATE_LIMITED
     if in_admission and type(error) is BadRequest:
         return MAX_PROMPT_TOKENS
     return None

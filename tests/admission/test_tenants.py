@@ -24,7 +24,7 @@ TENANTS: dict[str, Any] = {
            "max_output_tokens": 128, "priority": -1},
     "team": {"api_key_sha256": [TEAM_DIGEST], "priority": 5},  # stored hashed: `printf %s KEY | sha256sum`
 }
-ANONYMOUS_CAPS = {"max_active": 1, "max_prompt_tokens": 20, "max_output_tokens": 64, "priority": -5}
+ANONYMOUS_CAPS: dict[str, Any] = {"max_active": 1, "max_prompt_tokens": 20, "max_output_tokens": 64, "priority": -5}
 
 
 def directory(*, required: bool = False, tenants: dict[str, Any] | None = None,
