@@ -1,6 +1,6 @@
 """Issue 10, point 2: deadlines on the client side (gateway/serving.py, gateway/streaming.py).
 
-- Slowloris: ``kvgate serve`` in a process limited to 512 open files, 300 connections (past the default cap of
+- Slowloris: ``kvgate serve`` in a process limited to 512 open files, 250 connections (past the default cap of
   192) or 500 (past the file limit, without a cap) sending their headers a byte at a time (a client whose SYN the
   full listen backlog drops gives up rather than retry a second later); with the default connection cap (which
   closes the longest-waiting connection to make room) 20 legitimate requests sent during the attack are all
@@ -29,7 +29,7 @@ import pytest
 from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
 
-SLOW_CONNECTIONS = {"default cap": 300, "no cap": 500}
+SLOW_CONNECTIONS = {"default cap": 250, "no cap": 500}
 """Slow clients per case: past the default cap (half the gateway's 512 files, less 64: 192), and past the file limit
 (500 connections and kvgate's own files)."""
 LEGIT_REQUESTS = 20
