@@ -56,6 +56,7 @@ import aiohttp
 import orjson
 
 from bench.admission_planner import TARGET_MEDIAN_US, render_planner, run_planner
+from bench.overhead import _free_port, _wait_ready
 
 MODEL = "llama3.1:8b"
 CONTEXT = 4096
@@ -150,25 +151,6 @@ async def run_round(http: aiohttp.ClientSession, base: str, work: Workload) -> R
     return result
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-async def _wait_ready(http: aiohttp.ClientSession, url: str, deadline_s: float = 30.0) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        try:
-            async with http.get(url) as response:
-                if response.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.05)
-    raise RuntimeError(f"{url} did not come up")
-
-
 async def _prompt_tokens(http: aiohttp.ClientSession, base: str, work: Workload) -> int:
     """P: the simulator's own count of the prompt (loads the model on the first call)."""
     body = {"model": MODEL, "stream": False, "messages": [{"role": "user", "content": PROMPT}],
@@ -249,8 +231,8 @@ def cpu_s(pid: int | None) -> float:
 async def measure_goodput(sim: str, gateway: str, work: Workload, pids: dict[str, int] | None = None) -> Goodput:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
-        await _wait_ready(http, f"{sim}/api/tags")
-        await _wait_ready(http, f"{gateway}/kvgate/health")
+        await _wait_ready(f"{sim}/api/tags", 30.0)
+        await _wait_ready(f"{gateway}/kvgate/health", 30.0)
         prompt_tokens = await _prompt_tokens(http, sim, work)
         warm = dataclasses.replace(work, per_client=1, rounds=1)
         await run_round(http, gateway, warm)  # kvgate probes the pool and builds its tokenizer
