@@ -21,7 +21,6 @@ from gateway.admission.admit import Admitter
 from gateway.admission.gpu_ledger import GpuBoard, LoadReservations
 from gateway.admission.loads import LoadGate
 from gateway.admission.pools import PoolDirectory, unadmitted_reason
-from gateway.admission.tenants import TenantDirectory
 from gateway.api import kvgate as kvgate_api
 from gateway.backends import BackendRegistry
 from gateway.backends.probes import BackendProbes
@@ -34,12 +33,16 @@ from gateway.memory.vram import VramSource
 from gateway.observability.gpus import gpu_rows, refresh_gpus
 from gateway.observability.metrics import CONTENT_TYPE, Metrics
 from gateway.proxy import Proxy
+from gateway.reload import LiveSettings, Reloader, ReloadRefused, SettingsSource
 from gateway.routes import FALLBACK, ROUTES, Route
 from gateway.serving import CONNECTIONS, ClientLimits, ConnectionCollector, Connections, GuardedRunner
 from gateway.single_flight import SingleFlight
 from gateway.tokens.prompt_counter import PromptCounter
 
 SETTINGS = web.AppKey("settings", Settings)
+"""The settings the app was built with; what new requests run under, after any reload, is ``LIVE``."""
+LIVE = web.AppKey("live", LiveSettings)
+RELOADER = web.AppKey("reloader", Reloader)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 REGISTRY = web.AppKey("registry", BackendRegistry)
 PROXY = web.AppKey("proxy", Proxy)
@@ -50,7 +53,6 @@ POOLS = web.AppKey("pools", PoolDirectory)
 log = logging.getLogger(__name__)
 METRICS = web.AppKey("metrics", Metrics)
 STARTED = web.AppKey("started", float)
-TENANTS = web.AppKey("tenants", TenantDirectory)
 GPU_BOARD = web.AppKey("gpu_board", GpuBoard)
 GPU_REFRESHES = web.AppKey("gpu_refreshes", SingleFlight[str, None])
 STATUS_GPU_WAIT_S = 1.0
@@ -85,15 +87,19 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     refresh_models: bool = True,
     vram_sources: dict[str, VramSource] | None = None,
+    settings_source: SettingsSource | None = None,
 ) -> web.Application:
-    """Build the gateway. Every seam a test needs is a parameter."""
+    """Build the gateway. Every seam a test needs is a parameter. ``settings_source`` re-reads the configuration
+    for a reload (``POST /kvgate/reload``; ``kvgate serve`` also on SIGHUP); without one, a reload is refused."""
     app = web.Application(client_max_size=int(settings.server.max_body_bytes) + 1)
     app.middlewares.append(targets.reject_odd_targets)  # absolute-form and other odd targets: 400, never forwarded
     app[SETTINGS] = settings
     metrics = Metrics()
     app[METRICS] = metrics
-    tenants = TenantDirectory(settings)
-    app[TENANTS] = tenants
+    live = LiveSettings(settings)
+    app[LIVE] = live
+    app[RELOADER] = Reloader(live, settings_source, on_outcome=metrics.record_reload)
+    live.subscribe(warn_if_exposed)  # a reload that drops the last key, on a public address, is as loud as a start
     app[STARTED] = clock()
     warn_if_exposed(settings)
     app[CONNECTIONS] = Connections(ClientLimits.from_settings(settings.server))  # gateway.serving
@@ -123,11 +129,11 @@ def create_app(
         checks = asyncio.gather(*(pools.check_configured(backend) for backend in registry.backends))
         summaries = Summaries(Summarizer(session, app[INTERNAL]), cache_entries=settings.fitting.summary_cache_entries)
         metrics.watch_summaries(summaries)
-        app[ADMITTER] = Admitter(settings.admission, pools, room, loads, summaries)
+        admitter = app[ADMITTER] = Admitter(live.settings.admission, pools, room, loads, summaries)
+        live.subscribe(lambda reloaded: admitter.reconfigure(reloaded.admission))  # the same room and ledger
         metrics.watch_pools(room, pools.known)
         app[POOLS] = pools
-        app[PROXY] = Proxy(settings, registry, app[PROMPT_COUNTER], app[ADMITTER], metrics, tenants,
-                           internal=app[INTERNAL])
+        app[PROXY] = Proxy(live, registry, app[PROMPT_COUNTER], app[ADMITTER], metrics, internal=app[INTERNAL])
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
         gpu_refresher = asyncio.create_task(_refresh_gpus_forever(app)) if refresh_models else None
         yield
@@ -153,6 +159,7 @@ def create_app(
     app.router.add_get("/kvgate/metrics", _metrics)
     app.router.add_get("/kvgate/status", _status)
     app.router.add_get("/kvgate/tenants", _tenants)
+    app.router.add_post("/kvgate/reload", _reload)
     for route in ROUTES:
         proxied: ProxiedHandler = functools.partial(_proxied, route=route)
         if route.operation is Operation.MANAGE and settings.server.admin_only_management:
@@ -171,7 +178,7 @@ def _for_tenants(handler: Handler) -> Handler:
 
     async def checked(request: web.Request) -> web.Response:
         try:
-            request.app[TENANTS].identify(request.headers)
+            request.app[LIVE].tenants.identify(request.headers)
         except GatewayError as exc:
             return web.Response(status=exc.status, body=dialects.error_body(Dialect.OPENAI, exc),
                                 content_type="application/json")
@@ -201,21 +208,26 @@ def _forbidden() -> web.Response:
     )
 
 
+def _admin_key(request: web.Request) -> SecretStr | None:
+    """The admin key as configured now (a reload may change it)."""
+    return request.app[LIVE].settings.server.admin_key
+
+
 async def _metrics(request: web.Request) -> web.Response:
-    if not admin_allowed(request, request.app[SETTINGS].server.admin_key):
+    if not admin_allowed(request, _admin_key(request)):
         return _forbidden()
     body = request.app[METRICS].exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def _status(request: web.Request) -> web.Response:
-    if not admin_allowed(request, request.app[SETTINGS].server.admin_key):
+    if not admin_allowed(request, _admin_key(request)):
         return _forbidden()
     app = request.app
     pools = app[POOLS]
     notes: dict[str, list[str]] = {}
     for backend in app[REGISTRY].backends:
-        reason = unadmitted_reason(backend) if app[SETTINGS].admission.enabled else "admission is off"
+        reason = unadmitted_reason(backend) if app[LIVE].settings.admission.enabled else "admission is off"
         notes[backend.name] = [reason] if reason else []
     for (backend_name, _), message in pools.disagreements.items():
         notes.setdefault(backend_name, []).append(message)
@@ -228,6 +240,8 @@ async def _status(request: web.Request) -> web.Response:
     status = kvgate_api.status_snapshot(app[REGISTRY], app[ADMITTER].room, pools.known(),
                                         time.monotonic() - app[STARTED], app[METRICS].truncation_log.snapshot(), notes,
                                         gpus=gpu_rows(app[GPU_BOARD], app[LOADS].counts))
+    live = app[LIVE]
+    status["config"] = {"reloaded_at_s": live.reloaded_at_s, "needs_restart": list(live.needs_restart)}
     if "text/html" in request.headers.get("Accept", ""):
         return web.Response(text=kvgate_api.status_html(status), content_type="text/html")
     return web.json_response(status)
@@ -235,11 +249,25 @@ async def _status(request: web.Request) -> web.Response:
 
 async def _tenants(request: web.Request) -> web.Response:
     """Usage per tenant (admin, like ``/kvgate/status``); no I/O."""
-    if not admin_allowed(request, request.app[SETTINGS].server.admin_key):
+    if not admin_allowed(request, _admin_key(request)):
         return _forbidden()
     app = request.app
-    return web.json_response(kvgate_api.tenants_snapshot(app[METRICS].tenant_usage, app[SETTINGS].tenants,
+    return web.json_response(kvgate_api.tenants_snapshot(app[METRICS].tenant_usage, app[LIVE].settings.tenants,
                                                          app[ADMITTER].room))
+
+
+async def _reload(request: web.Request) -> web.Response:
+    """Re-read the configuration (admin; gateway/reload.py): 200 with the settings changed and those that need a
+    restart, by name; 400 ``invalid_config`` naming the setting, with nothing changed."""
+    if not admin_allowed(request, _admin_key(request)):
+        return _forbidden()
+    try:  # shielded: a client that leaves mid-reload does not cut it in two
+        report = await asyncio.shield(request.app[RELOADER].reload("POST /kvgate/reload"))
+    except ReloadRefused as exc:
+        return web.json_response({"error": {"message": exc.message, "type": "invalid_request_error",
+                                            "code": "invalid_config", "param": exc.param}}, status=400)
+    return web.json_response({"reloaded": True, "changed": list(report.changed),
+                              "needs_restart": list(report.needs_restart)})
 
 
 async def _refresh_gpus(app: web.Application) -> None:
@@ -254,7 +282,7 @@ async def _refresh_gpus_forever(app: web.Application) -> None:
     """Keep the GPU gauges current between status reads, every ``models_refresh_s``."""
     while True:
         await _refresh_gpus(app)
-        await asyncio.sleep(app[SETTINGS].models_refresh_s)
+        await asyncio.sleep(app[LIVE].settings.models_refresh_s)
 
 
 ProxiedHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -265,7 +293,7 @@ def _admin_only(handler: ProxiedHandler, route: Route) -> ProxiedHandler:
     when none is set; the admin key itself is not sent on to the backend."""
 
     async def checked(request: web.Request) -> web.StreamResponse:
-        admin_key = request.app[SETTINGS].server.admin_key
+        admin_key = _admin_key(request)
         if not admin_allowed(request, admin_key):
             what = f"{request.method} {route.path.split('{')[0].rstrip('/')} manages models"
             error = AdminOnly(

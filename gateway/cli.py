@@ -6,13 +6,14 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import os
 import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from gateway import __version__, demo_cli
 from gateway.config import ConfigError, Settings, load_settings, parse_backend_flag, unknown_environment
 from gateway.memory import estimate_cli
 from gateway.observability.logs import configure_logging
+from gateway.reload import Reloader, ReloadRefused
 
 log = logging.getLogger("gateway")
 
@@ -133,16 +135,26 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, **overrides)
 
 
-async def serve(settings: Settings) -> None:
-    from gateway.app import create_app, start_server
+async def serve(settings: Settings, source: Callable[[], Settings] | None = None) -> None:
+    """Serve until SIGINT or SIGTERM; SIGHUP re-reads the configuration from ``source`` (gateway/reload.py)."""
+    from gateway.app import RELOADER, create_app, start_server
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):  # before "listening": a stop sent on seeing that line is honoured
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    app = create_app(settings, settings_source=source)
+    reloads: set[asyncio.Task[None]] = set()
+
+    def reload_on_hangup() -> None:
+        task = loop.create_task(_reload_quietly(app[RELOADER]))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    # before "listening": a signal sent on seeing that line is honoured
+    for sig, handler in ((signal.SIGINT, stop.set), (signal.SIGTERM, stop.set), (signal.SIGHUP, reload_on_hangup)):
+        with contextlib.suppress(NotImplementedError, AttributeError):  # AttributeError: no SIGHUP (Windows)
+            loop.add_signal_handler(sig, handler)
     try:
-        runner, port = await start_server(create_app(settings), settings.server.host, settings.server.port)
+        runner, port = await start_server(app, settings.server.host, settings.server.port)
     except OSError as exc:  # lost a race for the port since check_listen_address
         raise _listen_error(settings.server.host, settings.server.port, exc) from None
     backends = ", ".join(f"{b.name} ({b.kind}) {b.url}" for b in settings.backends)
@@ -151,7 +163,15 @@ async def serve(settings: Settings) -> None:
         await stop.wait()
     finally:
         log.info("shutting down")
+        for task in list(reloads):
+            await task  # a reload in progress finishes (or fails) before the app it changes is torn down
         await runner.cleanup()
+
+
+async def _reload_quietly(reloader: Reloader) -> None:
+    """SIGHUP's reload: its outcome is logged by the reloader (INFO, or ERROR naming the setting)."""
+    with contextlib.suppress(ReloadRefused):
+        await reloader.reload("SIGHUP")
 
 
 def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
@@ -180,7 +200,7 @@ def serve_command(args: argparse.Namespace) -> int:
     try:
         check_cache_dir(settings.counting.cache_dir)
         check_listen_address(settings.server.host, settings.server.port)
-        run_event_loop(serve(settings))
+        run_event_loop(serve(settings, functools.partial(settings_from_args, args)))
     except StartupError as exc:
         print(f"kvgate: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -276,6 +276,10 @@ class TenantSettings(_Strict):
     )
     requests_per_minute: int | None = Field(default=None, ge=1, description="over it: 429 with Retry-After")
     priority: int = Field(default=0, description="higher is served first from the queue")
+    weight: float = Field(
+        default=1.0, gt=0, le=1000, description="within one priority, the queue serves tenants' reserved tokens in "
+        "proportion to their weights (admission.queue_order = \"fair\"): 2 gets twice the tokens of 1 when both wait",
+    )
     allow_unknown_keys: bool = Field(
         default=False, description="[tenants.anonymous] only: a key no tenant has runs as anonymous instead of a 401",
     )
@@ -337,6 +341,10 @@ class AdmissionConfig(_Strict):
     queue_timeout_s: float = Field(default=120.0, gt=0)
     per_tenant_max_active: int | None = Field(default=None, ge=1)
     overtake_window_s: float = Field(default=5.0, ge=0)
+    queue_order: Literal["fair", "arrival"] = Field(
+        default="fair", description="within one priority: 'fair' shares reserved tokens between tenants by their "
+        "weight (one tenant's flood does not hold the others back); 'arrival' is first come, first served",
+    )
     pool_refresh_s: float = Field(default=5.0, gt=0, description="how long a backend's slot layout is reused")
     probe_wait_s: float = Field(
         default=10.0, gt=0, description="how long requests wait for a backend's KV layout before a 503"

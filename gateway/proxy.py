@@ -36,8 +36,8 @@ from gateway import dialects
 from gateway.admission import AdmissionRejected
 from gateway.admission.admit import Admitter
 from gateway.admission.outcome import AdmissionOutcome, log_fields, response_headers
-from gateway.admission.rates import RateLimiter
-from gateway.admission.tenants import Tenant, TenantDirectory
+from gateway.admission.rates import RateLimit, RateLimiter
+from gateway.admission.tenants import Tenant
 from gateway.backends import Backend, BackendRegistry, models
 from gateway.backends.client import BackendCallError
 from gateway.body.budget import BodyBudget, BodyLease
@@ -54,6 +54,7 @@ from gateway.observability.metrics import Metrics, record, record_refusal, recor
 from gateway.observability.tenant_usage import UNIDENTIFIED, refusal_reason
 from gateway.observability.truncations import model_label
 from gateway.observability.usage import UsageObserver
+from gateway.reload import LiveSettings
 from gateway.routes import FALLBACK, Handling, Route, fallback_dialect
 from gateway.streaming import relay
 from gateway.tokens import TokenCount
@@ -102,25 +103,30 @@ class _Trace:
 class Proxy:
     def __init__(
         self,
-        settings: Settings,
+        live: LiveSettings,
         registry: BackendRegistry,
         counter: PromptCounter,
         admitter: Admitter,
         metrics: Metrics,
-        tenants: TenantDirectory,
         clock: Callable[[], float] = time.perf_counter,
         internal: InternalCalls | None = None,
     ) -> None:
-        self._settings = settings
+        self._live = live  # the settings and tenants of new requests; a reload replaces them (gateway/reload.py)
         self._internal = internal
         self._rates = RateLimiter()
         self._registry = registry
         self._counter = counter
         self._admitter = admitter
         self._metrics = metrics
-        self._tenants = tenants
         self._clock = clock
-        self._bodies = BodyBudget(int(settings.server.max_held_body_bytes), wait_s=settings.server.held_body_wait_s)
+        server = live.settings.server  # the body budget is bound at start (server.* needs a restart)
+        self._bodies = BodyBudget(int(server.max_held_body_bytes), wait_s=server.held_body_wait_s)
+        live.subscribe(self._reloaded)
+
+    def _reloaded(self, settings: Settings) -> None:
+        """Keep the rate buckets of the tenants (and rates) that remain."""
+        self._rates.retain({name: RateLimit(tenant.tokens_per_minute, tenant.requests_per_minute)
+                            for name, tenant in settings.tenants.items()})
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
         request_id = request_id_for(request)
@@ -133,7 +139,7 @@ class Proxy:
         lease = self._bodies.lease()  # the body bytes this request holds, given back when it is over
         try:
             internal = self._internal is not None and self._internal.is_internal(request.headers)
-            tenant = Tenant(SUMMARIZER_TENANT) if internal else self._tenants.identify(request.headers)
+            tenant = Tenant(SUMMARIZER_TENANT) if internal else self._live.tenants.identify(request.headers)
             detail["tenant"] = tenant.name
             response = await self._dispatch(request, route, dialect, request_id, tenant, lease, trace)
             status = response.status
@@ -193,7 +199,8 @@ class Proxy:
             finally:
                 if route.operation is Operation.MANAGE:
                     backend.listed_at_s = None  # a pull, create, copy or delete: list its models anew when asked
-        raw = await read_body(request, lease, max_bytes=int(self._settings.server.max_body_bytes))
+        settings = self._live.settings  # read once: this request runs under one configuration, whatever reloads
+        raw = await read_body(request, lease, max_bytes=int(settings.server.max_body_bytes))
         parsed = dialects.parse(dialect, route.operation, dialects.decode_body(raw), request.path)
         backend = await self._backend_for(request, parsed, route, tenant)
         trace.backend = backend.name
@@ -216,8 +223,8 @@ class Proxy:
             admitted = await self._admitter.admit(
                 parsed, raw, pool, count, tenant, lambda: _gone(request),
                 lambda changed: self._counter.count(
-                    changed, backend, model, budget_s=self._settings.counting.refusal_count_wait_s),
-                self._fit_policy(tenant, model),
+                    changed, backend, model, budget_s=settings.counting.refusal_count_wait_s),
+                self._fit_policy(settings, tenant, model),
                 request_deadline(request.headers),
             )
             trace.outcome, trace.admitting = admitted.outcome, False
@@ -262,10 +269,11 @@ class Proxy:
             return found
         return await self._registry.resolve(parsed.model, route.kind)
 
-    def _fit_policy(self, tenant: Tenant, model: str | None) -> FitPolicy:
+    @staticmethod
+    def _fit_policy(settings: Settings, tenant: Tenant, model: str | None) -> FitPolicy:
         """What a request too long for its context may have done to it; kvgate's own summary requests are never
         summarized themselves."""
-        policy = policy_for(self._settings, tenant=tenant.name, model=model)
+        policy = policy_for(settings, tenant=tenant.name, model=model)
         return policy.without_summaries() if tenant.name == SUMMARIZER_TENANT else policy
 
     def _after_load_request(self, parsed: ParsedRequest, backend: Backend) -> None:
@@ -282,7 +290,7 @@ class Proxy:
         prompts were cut)."""
         if seen is None:
             return
-        margin = self._settings.counting.estimate_safety_margin
+        margin = self._live.settings.counting.estimate_safety_margin
         forwarded = outcome.forwarded_count
         found = truncation.detect(forwarded.tokens, seen, exact=forwarded.exact, estimate_margin=margin,
                                   counter=forwarded.counter)
@@ -290,7 +298,7 @@ class Proxy:
             # a byte estimate can run high by more than any tolerance: count the prompt for real before calling the
             # backend's figure a truncation (the client is served; the tokenizer has had time to load)
             recounted = await self._counter.count(parsed, backend, model,
-                                                   budget_s=self._settings.counting.refusal_count_wait_s)
+                                                   budget_s=self._live.settings.counting.refusal_count_wait_s)
             if recounted.counter != ESTIMATE_COUNTER and outcome.trim is None:
                 found = truncation.detect(recounted.tokens, seen, exact=recounted.exact, estimate_margin=margin,
                                           counter=recounted.counter)
@@ -321,7 +329,7 @@ class Proxy:
         if status != 200:
             return {}
         found = truncation.detect(forwarded.tokens, observer.prompt_tokens(), exact=forwarded.exact,
-                                  estimate_margin=self._settings.counting.estimate_safety_margin,
+                                  estimate_margin=self._live.settings.counting.estimate_safety_margin,
                                   counter=forwarded.counter)
         if found is None or found.counter == ESTIMATE_COUNTER:  # an estimate is checked by a recount, later
             return {}
@@ -343,7 +351,7 @@ class Proxy:
         timeouts = backend.settings.timeouts
         headers = upstream_request_headers(
             request.headers, host=backend.host_header, request_id=request_id, api_key=backend.api_key,
-            client_ip=request.remote, strip_client_keys=self._tenants.enabled,
+            client_ip=request.remote, strip_client_keys=self._live.tenants.enabled,
             body_decoded=isinstance(body, bytes),  # a body kvgate read is forwarded decoded (gateway.body.encoding)
         )
         upstream = await backend.client.open(request.method, request.raw_path, headers, body)
@@ -351,7 +359,7 @@ class Proxy:
             return await relay(
                 request, upstream, dialect=dialect, idle_s=timeouts.idle_s, request_id=request_id,
                 backend_label=backend.describe(), extra_headers={"X-Kvgate-Backend": backend.name, **headers_out},
-                observer=observer, coalesce_s=self._settings.server.stream_coalesce_s,
+                observer=observer, coalesce_s=self._live.settings.server.stream_coalesce_s,
                 held_headers=None if observer is None or forwarded is None
                 else functools.partial(self._truncation_header, observer, forwarded),
             )

@@ -57,6 +57,7 @@ def policy_from(config: AdmissionConfig) -> Policy:
         queue_timeout_s=config.queue_timeout_s,
         per_tenant_max_active=config.per_tenant_max_active,
         overtake_window_s=config.overtake_window_s,
+        fair_queueing=config.queue_order == "fair",
     )
 
 
@@ -101,12 +102,17 @@ class Admitter:
         self, config: AdmissionConfig, pools: PoolDirectory, room: WaitingRoom, loads: LoadGate | None = None,
         summaries: Summaries | None = None,
     ) -> None:
-        self._config = config
-        self._policy = policy_from(config)
         self._pools = pools
         self.room = room
         self._loads = loads
         self._summaries = summaries
+        self.reconfigure(config)
+
+    def reconfigure(self, config: AdmissionConfig) -> None:
+        """Admit new requests under ``config`` (a configuration reload, gateway/reload.py); a request already
+        queued or admitted keeps the policy it was given, and its reservation."""
+        self._config = config
+        self._policy = policy_from(config)
         self._default_fit = replace(DEFAULT_FIT, remedies=("trim", "refuse") if config.on_too_long == "trim"
                                     else ("refuse",))
 
@@ -173,6 +179,7 @@ class Admitter:
             tenant=tenant.name,
             priority=tenant.priority,
             sequences=parsed.sequences,
+            weight=tenant.weight,
         )
         policy = self._policy
         if tenant.max_active is not None:

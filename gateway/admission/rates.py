@@ -9,11 +9,17 @@
 
 A request bigger than a whole minute's tokens is refused for good (a 429 would be retried in vain): the caller names
 the rate. ``RateLimiter`` keeps one pair of buckets per tenant with a rate; single-threaded (the event loop's).
+
+    reload   a tenant's buckets outlive a configuration reload (``retain`` drops only those of tenants, or rates,
+             that are gone); a changed rate keeps what was used (a raised rate gives the difference at once, a
+             lowered one may leave the tenant below zero, waiting) and refills at the new rate from the next
+             request; an in-flight request settles into the bucket as it is
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -63,8 +69,13 @@ class RateLimiter:
 
     def _bucket(self, buckets: dict[str, Bucket], tenant: str, per_minute: int, now_s: float) -> Bucket:
         bucket = buckets.get(tenant)
-        if bucket is None or bucket.capacity != per_minute:  # a new rate starts full
+        if bucket is None:  # a new tenant, or a new rate, starts full
             bucket = buckets[tenant] = Bucket(float(per_minute), float(per_minute), now_s)
+        elif bucket.capacity != per_minute:  # changed by a reload: what was used (refilled until now) stays used
+            bucket.refill(now_s)
+            used = bucket.capacity - bucket.level
+            bucket.capacity = float(per_minute)
+            bucket.level = bucket.capacity - used
         bucket.refill(now_s)
         return bucket
 
@@ -94,5 +105,16 @@ class RateLimiter:
         """Charge the output tokens the backend reported (the bucket may go below zero)."""
         if limit.tokens_per_minute is None or output_tokens <= 0:
             return
-        bucket = self._bucket(self._tokens, tenant, limit.tokens_per_minute, now_s)
+        bucket = self._tokens.get(tenant)
+        if bucket is None:  # a reload removed the tenant or its rate while the request ran
+            return
+        bucket.refill(now_s)  # at the bucket's rate, which a reload may have changed since ``limit`` was read
         bucket.level -= output_tokens
+
+    def retain(self, limits: Mapping[str, RateLimit]) -> None:
+        """After a reload: keep the buckets of the tenants in ``limits`` that still have that rate; drop the rest."""
+        for name in [name for name in self._tokens if (limits.get(name) or RateLimit()).tokens_per_minute is None]:
+            del self._tokens[name]
+        for name in [name for name in self._requests
+                     if (limits.get(name) or RateLimit()).requests_per_minute is None]:
+            del self._requests[name]

@@ -37,6 +37,7 @@ class Tenant:
     priority: int = 0
     max_pool_share: float | int | None = None
     rate: RateLimit = NO_RATE_LIMIT
+    weight: float = 1.0
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
@@ -51,7 +52,7 @@ def _tenant(name: str, config: TenantSettings | None) -> Tenant:
     if config is None:
         return Tenant(name)
     return Tenant(name, config.max_active, config.max_prompt_tokens, config.max_output_tokens, config.priority,
-                  config.max_pool_share, RateLimit(config.tokens_per_minute, config.requests_per_minute))
+                  config.max_pool_share, RateLimit(config.tokens_per_minute, config.requests_per_minute), config.weight)
 
 
 class TenantDirectory:

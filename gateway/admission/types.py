@@ -80,7 +80,8 @@ class RequestCost:
     ``max_output_tokens`` is the client's limit (``max_tokens``, ``num_predict``), None when it gave none;
     ``requested_num_ctx`` is Ollama's ``options.num_ctx`` when the client sent one. A higher ``priority`` is served
     first by the waiting room. ``sequences`` is how many completions the request runs at once (OpenAI ``n``), each
-    holding the prompt and its output.
+    holding the prompt and its output. ``weight`` is the tenant's share in the fair order of the queue (within one
+    priority, tenants are served reserved tokens in proportion to their weights; ``fair_share``).
     """
 
     prompt_tokens: int
@@ -90,8 +91,11 @@ class RequestCost:
     tenant: str = "default"
     priority: int = 0
     sequences: int = 1
+    weight: float = 1.0
 
     def __post_init__(self) -> None:
+        if not self.weight > 0:  # also refuses NaN
+            raise ValueError(f"weight is {self.weight}; it must be positive")
         if self.prompt_tokens < 0:
             raise ValueError(f"prompt_tokens is {self.prompt_tokens}; it can't be negative")
         if self.max_output_tokens is not None and self.max_output_tokens < 0:
@@ -119,6 +123,8 @@ class Policy:
       may go first; after it, nobody passes the head until it fits (no starvation of big requests).
     - ``queue_timeout_s``: how long a request may wait; a request's own deadline (``X-Kvgate-Deadline``, the OpenAI
       SDK's ``X-Stainless-Read-Timeout``) can shorten it, never lengthen it (``queue_limit_name`` then says so).
+    - ``fair_queueing``: within one priority, order the queue by weighted fair share of reserved tokens between
+      tenants (``fair_share``); off, by arrival.
     """
 
     default_output_tokens: int = 1024
@@ -131,6 +137,7 @@ class Policy:
     per_tenant_max_share: float | int | None = None
     overtake_window_s: float = 5.0
     queue_limit_name: str = "queue_timeout_s"
+    fair_queueing: bool = True
     """What set ``queue_timeout_s``, for the refusal: the setting, or the request's own deadline."""
 
     def __post_init__(self) -> None:

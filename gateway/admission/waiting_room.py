@@ -13,6 +13,13 @@ whenever capacity comes back (``release``) or a waiter leaves, never on a timer.
     dispatch:  C waits; D and E may pass C because C has waited less than overtake_window_s.
                Once C has waited longer, nobody passes it: released tokens accumulate until C fits.
 
+Fair order between tenants. Within one priority the queue is not in arrival order but in weighted fair order of
+reserved tokens (``fair_share``: each request is tagged on arrival with its tenant's virtual start time, and the
+lowest tag goes first), so one tenant's flood of long requests queues behind itself while another tenant's request
+waits only for capacity. ``Policy.fair_queueing = False`` (``admission.queue_order = "arrival"``) keeps arrival order.
+Every admission, straight or after a wait, moves the pool's virtual time, so a tenant that used the pool while
+nobody queued has its turn counted too.
+
 Head-of-line policy. A waiter that does not fit must not block smaller ones forever, nor be starved by a stream of
 them. So a request may overtake a waiter held back by the *pool* only while that waiter has waited less than
 ``policy.overtake_window_s`` (5 s by default); once it has waited longer, dispatch stops at it and the queue is strict
@@ -43,11 +50,12 @@ from dataclasses import dataclass
 
 from gateway.admission import errors
 from gateway.admission.errors import AdmissionRejected
+from gateway.admission.fair_share import FairClock, Tag
 from gateway.admission.ledger import Ledger, Reservation
 from gateway.admission.permit import Permit
 from gateway.admission.planner import plan
 from gateway.admission.stats import QueueCounters, QueueStats, WaiterView
-from gateway.admission.types import Admit, Policy, PoolKey, PoolSpec, Reject, RequestCost, Wait
+from gateway.admission.types import Admit, LedgerSnapshot, Policy, PoolKey, PoolSpec, Reject, RequestCost, Wait
 
 Clock = Callable[[], float]
 
@@ -68,12 +76,14 @@ class _Waiter:
     policy: Policy
     enqueued_at_s: float
     future: asyncio.Future[_Grant]
+    tag: Tag
     reason: str = "it has not been planned yet"
     queued: bool = False  # the first dispatch did not admit it, so it really waited
 
     @property
-    def order(self) -> tuple[int, int]:
-        return (-self.cost.priority, self.seq)
+    def order(self) -> tuple[int, float, int]:
+        fair_start = self.tag.start if self.policy.fair_queueing else 0.0
+        return (-self.cost.priority, fair_start, self.seq)
 
 
 class WaitingRoom:
@@ -85,6 +95,7 @@ class WaitingRoom:
         self._poll_s = disconnect_poll_s
         self._queues: dict[PoolKey, list[_Waiter]] = {}
         self._counters: dict[PoolKey, QueueCounters] = {}
+        self._fair: dict[PoolKey, FairClock] = {}
         self._seq = itertools.count()
 
     @property
@@ -138,10 +149,13 @@ class WaitingRoom:
         if isinstance(first, Reject):  # rejections never depend on the snapshot: refuse now, not after a wait
             self._counter(key).rejected_total += 1
             raise AdmissionRejected(first)
+        fair = self._fair.setdefault(key, FairClock())
+        tag = fair.tag(cost.tenant, _reserve_tokens(first, cost, pool, policy), cost.weight)
         if isinstance(first, Admit) and key not in self._queues:  # nobody waits: dispatch would admit it at once
+            fair.served(tag)
             return _Grant(self._reserve(key, first, cost.tenant), first, 0.0)
         future: asyncio.Future[_Grant] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(next(self._seq), key, pool, cost, policy, self._clock(), future)
+        waiter = _Waiter(next(self._seq), key, pool, cost, policy, self._clock(), future, tag)
         queue = self._queues.setdefault(key, [])
         bisect.insort(queue, waiter, key=lambda w: w.order)
         self._dispatch(key)
@@ -193,6 +207,7 @@ class WaitingRoom:
             queue.remove(waiter)
         except ValueError:
             return False
+        self._fair[waiter.key].withdrawn(waiter.tag)
         if not queue:
             del self._queues[waiter.key]
         self._dispatch(waiter.key)  # it may have been the head that held the others back
@@ -213,6 +228,7 @@ class WaitingRoom:
                 continue
             queue.remove(waiter)
             if isinstance(decision, Reject):
+                self._fair[key].withdrawn(waiter.tag)
                 self._counter(key).rejected_total += 1
                 waiter.future.set_exception(AdmissionRejected(decision))
             else:
@@ -221,6 +237,7 @@ class WaitingRoom:
             del self._queues[key]
 
     def _grant(self, waiter: _Waiter, admit: Admit, now_s: float) -> _Grant:
+        self._fair[waiter.key].served(waiter.tag)
         reservation = self._reserve(waiter.key, admit, waiter.cost.tenant)
         waited_s = 0.0
         if waiter.queued:
@@ -241,3 +258,12 @@ class WaitingRoom:
 
     def _view(self, waiter: _Waiter, now_s: float) -> WaiterView:
         return WaiterView(waiter.cost.tenant, waiter.cost.priority, now_s - waiter.enqueued_at_s, waiter.reason)
+
+
+def _reserve_tokens(first: Admit | Wait, cost: RequestCost, pool: PoolSpec, policy: Policy) -> int:
+    """What the request will reserve, known before it fits: its plan against an empty pool (rejections never depend
+    on the snapshot, so a request that was not rejected is admitted there)."""
+    if isinstance(first, Admit):
+        return first.reserve_tokens
+    empty = plan(cost, pool, LedgerSnapshot(), policy)
+    return empty.reserve_tokens if isinstance(empty, Admit) else cost.prompt_tokens

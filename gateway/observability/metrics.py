@@ -26,6 +26,7 @@ the waiting room when scraped (``GET /kvgate/metrics``), so they can never drift
     kvgate_gpu_reserved_bytes{backend}                   held for model loads in flight
     kvgate_gpu_free_bytes{backend}                       total - resident - other - reserved, at least 0
     kvgate_gpu_overcommitted{backend}                    1 when resident + other + reserved exceed the total
+    kvgate_config_reloads_total{outcome}                 configuration reloads: ok | refused (gateway/reload.py)
 
 GPU gauges come from the last budget the app computed (on a status read, and in the refresh loop), never from I/O
 during a scrape. Every ``model`` label is bounded: pool labels are pool keys, the truncation counter's is the name
@@ -186,6 +187,14 @@ class Metrics:
                                    "count beyond its tolerance (the backend cut the prompt silently)",
                                    ["backend", "model"], registry=self.registry)
         self.truncation_log = TruncationLog()
+        self.config_reloads = Counter("kvgate_config_reloads", "Configuration reloads (SIGHUP, POST /kvgate/reload)",
+                                      ["outcome"], registry=self.registry)
+        for outcome in ("ok", "refused"):
+            self.config_reloads.labels(outcome)  # both series from the start, at 0
+
+    def record_reload(self, outcome: str) -> None:
+        """Count one configuration reload: "ok" or "refused"."""
+        self.config_reloads.labels(outcome).inc()
 
     def watch_pools(self, room: WaitingRoom, pools: Callable[[], dict[tuple[str, str], PoolSpec]]) -> None:
         self.registry.register(_PoolCollector(room, pools))

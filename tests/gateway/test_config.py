@@ -87,6 +87,9 @@ def test_repeated_backend_flags_build_named_backends() -> None:
         ({"server": {"admin_key": " "}}, "setting 'server.admin_key' is invalid: Value error, must not be empty"),
         ({"backends": [{"name": "a"}, {"name": "a"}]}, "backend names must be unique; repeated: a"),
         ({"default_backend": "b"}, "default_backend 'b' is not a backend; known: ollama"),
+        ({"tenants": {"ci": {"weight": 0}}}, "setting 'tenants.ci.weight' is invalid: Input should be greater than 0"),
+        ({"admission": {"queue_order": "lifo"}},
+         "setting 'admission.queue_order' = 'lifo' is invalid: Input should be 'fair' or 'arrival'"),
     ],
 )
 def test_invalid_settings_name_setting_value_and_allowed(overrides: dict[str, object], expected: str) -> None:
