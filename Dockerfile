@@ -1,6 +1,9 @@
 # kvgate: the gateway image. Build: docker build -t kvgate .
-# Run: docker run -p 127.0.0.1:11435:11435 -e KVGATE_SERVER__ADMIN_KEY=<long random key> kvgate
-# (publish beyond 127.0.0.1 only with tenant API keys configured; README: Security)
+# Run, in front of an Ollama on the host (Linux needs the --add-host line; Docker Desktop has the name already):
+#   docker run -p 127.0.0.1:11435:11435 -e KVGATE_SERVER__ADMIN_KEY=<long random key> \
+#     -e KVGATE_BACKEND__URL=http://host.docker.internal:11434 --add-host=host.docker.internal:host-gateway kvgate
+# (publish beyond 127.0.0.1 only with tenant API keys configured; README: Security). docker-compose.yml runs Ollama
+# and kvgate together.
 FROM python:3.12-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -19,11 +22,17 @@ RUN pip install . \
 COPY config /etc/kvgate
 
 USER kvgate
-# In a container kvgate must listen on all interfaces; the port is published by the runtime (kvgate warns at start-up
-# while it has no keys). Model management (pull, delete, ...) needs the admin key.
+# In a container kvgate must listen on all interfaces: 127.0.0.1 there is the container's own loopback, unreachable
+# from the host and from other containers. Who may connect is chosen where the port is published (127.0.0.1 in the
+# examples); kvgate warns at start-up while it listens beyond loopback with no keys. Model management (pull,
+# delete, ...) needs the admin key.
+# The backend comes from KVGATE_BACKEND__URL (config/docker.toml names no URL): by default the "ollama" service of
+# docker-compose.yml; never 127.0.0.1, which here is this container. Unreachable, it is a WARNING at start-up
+# naming the URL.
 ENV KVGATE_SERVER__HOST=0.0.0.0 \
     KVGATE_SERVER__ADMIN_ONLY_MANAGEMENT=true \
     KVGATE_SERVER__PORT=11435 \
+    KVGATE_BACKEND__URL=http://ollama:11434 \
     KVGATE_COUNTING__CACHE_DIR=/var/cache/kvgate/tokenizers
 # Tokenizers converted from each model's GGUF vocabulary are kept here (one per model digest).
 VOLUME /var/cache/kvgate
@@ -33,4 +42,4 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
     CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('KVGATE_SERVER__PORT', '11435') + '/kvgate/health', timeout=2)"
 
 ENTRYPOINT ["kvgate"]
-CMD ["serve", "--config", "/etc/kvgate/kvgate.toml"]
+CMD ["serve", "--config", "/etc/kvgate/docker.toml"]

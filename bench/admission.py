@@ -348,24 +348,44 @@ def _wait_until_listening(port: int, deadline_s: float = 30.0) -> None:
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
 
 
-def start_processes(work: Workload) -> tuple[list[subprocess.Popen[bytes]], str, str]:
-    """The simulator and kvgate, each in its own process on 127.0.0.1, without the caller's KVGATE_* settings."""
-    sim_port, gateway_port = _free_port(), _free_port()
+def start_sim(work: Workload) -> tuple[subprocess.Popen[bytes], str]:
+    """The simulated Ollama serving ``MODEL`` with ``work``'s slots, speeds and answer length, on 127.0.0.1."""
+    port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
-    sim_url = f"http://127.0.0.1:{sim_port}"
     sim = subprocess.Popen([
-        sys.executable, "-m", "gateway", "sim", "--port", str(sim_port), "--models", MODEL,
+        sys.executable, "-m", "gateway", "sim", "--port", str(port), "--models", MODEL,
         "--num-parallel", str(work.slots), "--context-length", str(CONTEXT), "--keep-alive", "-1",
         "--load-time", "0.2", "--prompt-speed", str(work.prompt_speed), "--gen-speed", str(work.gen_speed),
         "--response-tokens", f"{work.output_tokens}:{work.output_tokens}", "--time-scale", str(work.time_scale),
         "--max-queue", "4096",
     ], env=env, stderr=subprocess.DEVNULL)
-    _wait_until_listening(sim_port)  # so kvgate's first model listing finds it
-    backend = {"name": "sim", "kind": "ollama", "url": sim_url, "parallel": work.slots, "context_tokens": CONTEXT}
+    try:
+        _wait_until_listening(port)  # so kvgate's first model listing finds it
+    except RuntimeError:
+        sim.terminate()
+        sim.wait(timeout=10)
+        raise
+    return sim, f"http://127.0.0.1:{port}"
+
+
+def start_gateway(sim_url: str, slots: int, config: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """``kvgate serve`` in front of the simulator on 127.0.0.1, without the caller's KVGATE_* settings; ``config``: a
+    TOML file for everything but the backend (tenants, admission)."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
+    backend = {"name": "sim", "kind": "ollama", "url": sim_url, "parallel": slots, "context_tokens": CONTEXT}
     gateway_env = {**env, "KVGATE_SERVER__LOG_LEVEL": "warning", "KVGATE_BACKENDS": json.dumps([backend])}
-    gateway = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", str(gateway_port)],
+    extra = ["--config", config] if config else []
+    gateway = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", str(port), *extra],
                                env=gateway_env)
-    return [gateway, sim], sim_url, f"http://127.0.0.1:{gateway_port}"
+    return gateway, f"http://127.0.0.1:{port}"
+
+
+def start_processes(work: Workload) -> tuple[list[subprocess.Popen[bytes]], str, str]:
+    """The simulator and kvgate, each in its own process on 127.0.0.1, without the caller's KVGATE_* settings."""
+    sim, sim_url = start_sim(work)
+    gateway, gateway_url = start_gateway(sim_url, work.slots)
+    return [gateway, sim], sim_url, gateway_url
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,15 +21,20 @@ from gateway.admission.admit import Admitter
 from gateway.admission.gpu_ledger import GpuBoard, LoadReservations
 from gateway.admission.loads import LoadGate
 from gateway.admission.pools import PoolDirectory, unadmitted_reason
+from gateway.admission.shared.pools import SharedPools
+from gateway.admission.shared.rates import TenantRates
+from gateway.admission.shared.store import SharedStore
 from gateway.api import kvgate as kvgate_api
 from gateway.backends import BackendRegistry
 from gateway.backends.probes import BackendProbes
 from gateway.config import ServerSettings, Settings
+from gateway.config_shared import SharedLedgerConfig
 from gateway.domain import Dialect, Operation
 from gateway.errors import AdminOnly, GatewayError
 from gateway.fitting.summaries import Summaries
 from gateway.fitting.summarizer import InternalCalls, Summarizer
 from gateway.memory.vram import VramSource
+from gateway.observability import status_page
 from gateway.observability.gpus import gpu_rows, refresh_gpus
 from gateway.observability.metrics import CONTENT_TYPE, Metrics
 from gateway.proxy import Proxy
@@ -61,7 +66,18 @@ LOAD_RESERVATIONS = web.AppKey("load_reservations", LoadReservations)
 LOADS = web.AppKey("loads", LoadGate)
 INTERNAL = web.AppKey("internal", InternalCalls)
 
+SHARED = web.AppKey[SharedPools | None]("shared")
 SessionFactory = Callable[[], aiohttp.ClientSession]
+
+
+def shared_pools(config: SharedLedgerConfig) -> SharedPools | None:
+    """The shared ledger when ``shared_ledger.redis_url`` is set (gateway/admission/shared), else None."""
+    if config.redis_url is None:
+        return None
+    store = SharedStore.from_url(config.redis_url.get_secret_value(), prefix=config.prefix, timeout_s=config.timeout_s)
+    log.info("shared ledger: reservations, queues and rates are kept in Redis (prefix '%s'), leases of %g s; this "
+             "replica is '%s'", config.prefix, config.lease_ttl_s, store.replica)
+    return SharedPools(store, config)
 
 
 UPSTREAM_KEEPALIVE_S = 4.0
@@ -117,7 +133,9 @@ def create_app(
         app[REGISTRY] = registry
         app[PROMPT_COUNTER] = PromptCounter(settings)
         app[PROBES] = BackendProbes(session, vram_sources)
-        room = WaitingRoom(Ledger())
+        shared = shared_pools(settings.shared_ledger)  # None: the ledger lives in this process only
+        app[SHARED] = shared
+        room = WaitingRoom(Ledger(), shared=shared)
         loads = LoadGate(settings, app[PROBES], room, app[LOAD_RESERVATIONS], clock=clock)
         app[LOADS] = loads
         metrics.watch_loads(lambda: loads.counts)
@@ -133,10 +151,17 @@ def create_app(
         live.subscribe(lambda reloaded: admitter.reconfigure(reloaded.admission))  # the same room and ledger
         metrics.watch_pools(room, pools.known)
         app[POOLS] = pools
-        app[PROXY] = Proxy(live, registry, app[PROMPT_COUNTER], app[ADMITTER], metrics, internal=app[INTERNAL])
+        app[PROXY] = Proxy(live, registry, app[PROMPT_COUNTER], app[ADMITTER], metrics, internal=app[INTERNAL],
+                           rates=TenantRates(shared))
+        sharing = asyncio.create_task(shared.run(room.waiting_keys, room.redispatch)) if shared else None
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
         gpu_refresher = asyncio.create_task(_refresh_gpus_forever(app)) if refresh_models else None
         yield
+        if sharing is not None and shared is not None:
+            sharing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sharing
+            await shared.close()
         if gpu_refresher is not None:
             gpu_refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -160,6 +185,7 @@ def create_app(
     app.router.add_get("/kvgate/status", _status)
     app.router.add_get("/kvgate/tenants", _tenants)
     app.router.add_post("/kvgate/reload", _reload)
+    status_page.add_routes(app.router)  # GET /kvgate/: the page a person reads; its data is /kvgate/status
     for route in ROUTES:
         proxied: ProxiedHandler = functools.partial(_proxied, route=route)
         if route.operation is Operation.MANAGE and settings.server.admin_only_management:
@@ -242,6 +268,7 @@ async def _status(request: web.Request) -> web.Response:
                                         gpus=gpu_rows(app[GPU_BOARD], app[LOADS].counts))
     live = app[LIVE]
     status["config"] = {"reloaded_at_s": live.reloaded_at_s, "needs_restart": list(live.needs_restart)}
+    status["recent"] = app[METRICS].recent_decisions.snapshot()  # newest first (observability/decisions.py)
     if "text/html" in request.headers.get("Accept", ""):
         return web.Response(text=kvgate_api.status_html(status), content_type="text/html")
     return web.json_response(status)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway import __version__, demo_cli
+from gateway.check import cli as check_cli
 from gateway.config import ConfigError, Settings, load_settings, parse_backend_flag, unknown_environment
 from gateway.memory import estimate_cli
 from gateway.observability.logs import configure_logging
@@ -118,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("sim", help="run the simulated GPU backend (an Ollama or llama-server) alone", add_help=False)
     demo = sub.add_parser("demo", help="a multi-user workload on the simulated GPU, straight and through kvgate")
     demo_cli.add_arguments(demo)
+    check = sub.add_parser("check", help="diagnose out-of-memory trouble of a running Ollama or llama-server "
+                           "(exit 0 ok, 1 warnings, 2 critical, 3 cannot check)")
+    check_cli.add_arguments(check)
     return parser
 
 
@@ -233,6 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(estimate_cli.run(args))
     if args.command == "demo":
         return asyncio.run(demo_cli.run(args))
+    if args.command == "check":
+        return asyncio.run(check_cli.run(args))
     return 2
 
 

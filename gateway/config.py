@@ -38,6 +38,8 @@ from yarl import URL
 from gateway.config_base import _Strict
 from gateway.config_fitting import FittingOverrides, FittingSettings
 from gateway.config_residency import ResidencyConfig
+from gateway.config_routing import RoutingConfig
+from gateway.config_shared import SharedLedgerConfig
 from gateway.domain import BackendKind
 from gateway.memory.kv import CacheType, parse_cache_type
 from gateway.memory.vram import parse_size
@@ -67,6 +69,16 @@ def _usable_key(value: SecretStr | None) -> SecretStr | None:
     if secret != secret.strip():
         raise ValueError("must not begin or end with whitespace (a newline from a key file?); no client can send it")
     return value
+
+
+def _server_root(value: str) -> str:
+    url = URL(value)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError("must be an http:// or https:// URL with a host, like http://127.0.0.1:11434")
+    if url.path not in ("", "/") or url.query_string or url.fragment:
+        raise ValueError("must be the server's root, with no path, query or fragment (kvgate appends each "
+                         "request's own path), like http://127.0.0.1:11434")
+    return str(url).rstrip("/")
 
 
 def _existing_file(value: Path | None) -> Path | None:
@@ -135,13 +147,7 @@ class BackendSettings(_Strict):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        url = URL(value)
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError("must be an http:// or https:// URL with a host, like http://127.0.0.1:11434")
-        if url.path not in ("", "/") or url.query_string or url.fragment:
-            raise ValueError("must be the server's root, with no path, query or fragment (kvgate appends each "
-                             "request's own path), like http://127.0.0.1:11434")
-        return str(url).rstrip("/")
+        return _server_root(value)
 
     @field_validator("api_key")
     @classmethod
@@ -152,6 +158,24 @@ class BackendSettings(_Strict):
     @classmethod
     def _gguf_file(cls, value: Path | None) -> Path | None:
         return _existing_file(value)
+
+
+class FirstBackendOverrides(_Strict):
+    """The first backend's settings, over those of the file: how a container is pointed at its server from the
+    environment (``KVGATE_BACKEND__URL=http://ollama:11434``) and kept in step with it (``KVGATE_BACKEND__PARALLEL``
+    from the same variable as ``OLLAMA_NUM_PARALLEL``). Each one set replaces that field of ``backends[0]``."""
+
+    url: str | None = Field(default=None, description="the first backend's url (in a container, never 127.0.0.1: "
+                            "that is the container itself)")
+    kind: BackendKind | None = Field(default=None, description="the first backend's kind")
+    parallel: int | None = Field(default=None, ge=1, le=256, description="the first backend's parallel")
+    context_tokens: int | None = Field(default=None, ge=256, description="the first backend's context_tokens")
+    vram: str | None = Field(default=None, description="the first backend's vram source")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        return None if value is None else _server_root(value)
 
 
 class ServerSettings(_Strict):
@@ -178,6 +202,10 @@ class ServerSettings(_Strict):
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"
+    log_contents: bool = Field(
+        default=False, description="UNSAFE: each request's log line also carries its last user message (escaped, "
+        "cut to 200 characters); prompts may hold secrets and personal data. Keys are never logged",
+    )
     stream_coalesce_s: float = Field(
         default=0.001, ge=0, le=0.1,
         description="while a stream arrives faster than this, its chunks are written to the client together, at "
@@ -364,14 +392,38 @@ class Settings(BaseSettings):
 
     server: ServerSettings = ServerSettings()
     backends: tuple[BackendSettings, ...] = (BackendSettings(name="ollama"),)
+    backend: FirstBackendOverrides = Field(
+        default=FirstBackendOverrides(), description="overrides of the first backend's url, kind, parallel, "
+        "context_tokens and vram, for the environment (KVGATE_BACKEND__URL)",
+    )
     default_backend: str | None = Field(default=None, description="name of the backend for unrouted paths")
     models_refresh_s: float = Field(default=30.0, gt=0)
     counting: CountingConfig = CountingConfig()
     admission: AdmissionConfig = AdmissionConfig()
     residency: ResidencyConfig = ResidencyConfig()
+    routing: RoutingConfig = RoutingConfig()
     fitting: FittingSettings = FittingSettings()
+    shared_ledger: SharedLedgerConfig = SharedLedgerConfig()
     tenants: dict[str, TenantSettings] = Field(default_factory=dict, description="API key -> tenant, with caps")
     models: dict[str, ModelSettings] = Field(default_factory=dict, description="per-model settings, by name")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_backend(cls, data: Any) -> Any:
+        """``backend.*`` (from ``KVGATE_BACKEND__*``) replaces those fields of the first backend."""
+        if not isinstance(data, dict):
+            return data
+        given = data.get("backend")
+        if isinstance(given, BaseModel):
+            given = given.model_dump()
+        changes = {key: value for key, value in given.items() if value is not None} if isinstance(given, dict) else {}
+        backends = data.get("backends", (BackendSettings(name="ollama"),))
+        if not changes or not isinstance(backends, list | tuple) or not backends:
+            return data
+        first = backends[0].model_dump() if isinstance(backends[0], BaseModel) else backends[0]
+        if not isinstance(first, dict):
+            return data
+        return {**data, "backends": [{**first, **changes}, *backends[1:]]}
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

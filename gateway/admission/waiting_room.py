@@ -54,6 +54,7 @@ from gateway.admission.fair_share import FairClock, Tag
 from gateway.admission.ledger import Ledger, Reservation
 from gateway.admission.permit import Permit
 from gateway.admission.planner import plan
+from gateway.admission.shared.pools import SharedPools, combine, limits_for
 from gateway.admission.stats import QueueCounters, QueueStats, WaiterView
 from gateway.admission.types import Admit, LedgerSnapshot, Policy, PoolKey, PoolSpec, Reject, RequestCost, Wait
 
@@ -79,6 +80,8 @@ class _Waiter:
     tag: Tag
     reason: str = "it has not been planned yet"
     queued: bool = False  # the first dispatch did not admit it, so it really waited
+    placed: bool = False  # counted against max_queue (here, and across replicas when shared)
+    joined: bool = False  # holds a place in the shared queue, to give back when it leaves
 
     @property
     def order(self) -> tuple[int, float, int]:
@@ -89,8 +92,10 @@ class _Waiter:
 class WaitingRoom:
     """Queues per pool in front of one ``Ledger``; see the module docstring."""
 
-    def __init__(self, ledger: Ledger, *, clock: Clock = time.monotonic, disconnect_poll_s: float = 0.25) -> None:
+    def __init__(self, ledger: Ledger, *, clock: Clock = time.monotonic, disconnect_poll_s: float = 0.25,
+                 shared: SharedPools | None = None) -> None:
         self._ledger = ledger
+        self._shared = shared
         self._clock = clock
         self._poll_s = disconnect_poll_s
         self._queues: dict[PoolKey, list[_Waiter]] = {}
@@ -121,8 +126,27 @@ class WaitingRoom:
         """Free the reservation (a no-op after the first call) and let waiters of its pool in."""
         freed = self._ledger.release(reservation)
         if freed:
+            if self._shared is not None:
+                self._shared.release(reservation)
             self._dispatch(reservation.key)
         return freed
+
+    @property
+    def shared(self) -> SharedPools | None:
+        return self._shared
+
+    def waiting_keys(self) -> tuple[PoolKey, ...]:
+        """Pools with requests waiting (the shared ledger reads their totals across replicas while they do)."""
+        return tuple(self._queues)
+
+    def redispatch(self, key: PoolKey) -> None:
+        """Capacity may have come back elsewhere (another replica released): let the pool's waiters in."""
+        self._dispatch(key)
+
+    def _snapshot(self, key: PoolKey) -> LedgerSnapshot:
+        """What the pool holds: this replica's reservations, plus (shared) what the other replicas hold."""
+        here = self._ledger.snapshot(key)
+        return here if self._shared is None else combine(here, self._shared.others(key))
 
     def queue_length(self, key: PoolKey | tuple[str, str]) -> int:
         return len(self._queues.get(PoolKey(*key), ()))
@@ -145,29 +169,54 @@ class WaitingRoom:
         policy: Policy,
         is_disconnected: Callable[[], bool] | None,
     ) -> _Grant:
-        first = plan(cost, pool, self._ledger.snapshot(key), policy)
-        if isinstance(first, Reject):  # rejections never depend on the snapshot: refuse now, not after a wait
-            self._counter(key).rejected_total += 1
-            raise AdmissionRejected(first)
-        fair = self._fair.setdefault(key, FairClock())
-        tag = fair.tag(cost.tenant, _reserve_tokens(first, cost, pool, policy), cost.weight)
-        if isinstance(first, Admit) and key not in self._queues:  # nobody waits: dispatch would admit it at once
-            fair.served(tag)
-            return _Grant(self._reserve(key, first, cost.tenant), first, 0.0)
-        future: asyncio.Future[_Grant] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(next(self._seq), key, pool, cost, policy, self._clock(), future, tag)
+        shared = self._shared
+        if shared is None:
+            return (await self._admit_here(key, pool, cost, policy, is_disconnected, None))[0]
+        shared.refuse_if_down(key)
+        shared.know(pool)
+        again: _Waiter | None = None
+        while True:  # admitted here, then committed across replicas; a lost race waits again, in its place
+            grant, again = await self._admit_here(key, pool, cost, policy, is_disconnected, again)
+            if await self._commit(shared, grant, pool, policy):
+                if again.joined:
+                    shared.leave_queue(key, again.seq)
+                return grant
+
+    async def _admit_here(
+        self,
+        key: PoolKey,
+        pool: PoolSpec,
+        cost: RequestCost,
+        policy: Policy,
+        is_disconnected: Callable[[], bool] | None,
+        again: _Waiter | None,
+    ) -> tuple[_Grant, _Waiter]:
+        """Admit against this replica's view; ``again`` is a waiter whose admission another replica beat: it goes
+        back to its place in the queue (same arrival, same fair tag)."""
+        if again is None:
+            first = plan(cost, pool, self._snapshot(key), policy)
+            if isinstance(first, Reject):  # rejections never depend on the snapshot: refuse now, not after a wait
+                self._counter(key).rejected_total += 1
+                raise AdmissionRejected(first)
+            fair = self._fair.setdefault(key, FairClock())
+            tag = fair.tag(cost.tenant, _reserve_tokens(first, cost, pool, policy), cost.weight)
+            future: asyncio.Future[_Grant] = asyncio.get_running_loop().create_future()
+            waiter = _Waiter(next(self._seq), key, pool, cost, policy, self._clock(), future, tag)
+            if isinstance(first, Admit) and key not in self._queues:  # nobody waits: dispatch would admit it at once
+                fair.served(tag)
+                return _Grant(self._reserve(key, first, cost.tenant), first, 0.0), waiter
+        else:
+            waiter = again
+            waiter.future = asyncio.get_running_loop().create_future()
         queue = self._queues.setdefault(key, [])
         bisect.insort(queue, waiter, key=lambda w: w.order)
         self._dispatch(key)
-        if future.done():
-            return future.result()
+        if waiter.future.done():
+            return waiter.future.result(), waiter
         waiter.queued = True
-        if len(queue) > policy.max_queue:
-            self._remove(waiter)
-            self._counter(key).queue_full_total += 1
-            raise AdmissionRejected(errors.queue_full(key, len(queue), policy.max_queue))
         try:
-            return await self._wait(waiter, is_disconnected)
+            await self._take_place(waiter, queue)
+            return await self._wait(waiter, is_disconnected), waiter
         except asyncio.CancelledError:
             self._counter(key).left_total += 1
             self._abandon(waiter)
@@ -175,6 +224,38 @@ class WaitingRoom:
         except BaseException:
             self._abandon(waiter)
             raise
+
+    async def _take_place(self, waiter: _Waiter, queue: list[_Waiter]) -> None:
+        """A new waiter takes a place in the queue, here and (shared) across replicas, or is refused: queue full."""
+        if waiter.placed:
+            return
+        waiter.placed = True
+        key, policy = waiter.key, waiter.policy
+        waiting = len(queue)
+        if waiting <= policy.max_queue and self._shared is not None and not waiter.future.done():
+            across = await self._shared.join_queue(key, waiter.seq, policy.max_queue, policy.queue_timeout_s)
+            if across is not None:
+                waiting = across
+                waiter.joined = across <= policy.max_queue
+        if waiting > policy.max_queue and not waiter.future.done():
+            self._counter(key).queue_full_total += 1
+            raise AdmissionRejected(errors.queue_full(key, waiting - 1, policy.max_queue))  # those before it
+
+    async def _commit(self, shared: SharedPools, grant: _Grant, pool: PoolSpec, policy: Policy) -> bool:
+        """Make a grant final across replicas; a lost race frees it here and answers False."""
+        reservation = grant.reservation
+        commit = asyncio.ensure_future(shared.commit(reservation, limits_for(pool, policy)))
+        try:
+            committed = await asyncio.shield(commit)
+        except asyncio.CancelledError:  # the lease may land after this: free it once the commit is done
+            commit.add_done_callback(lambda _: self.release(reservation))
+            raise
+        except BaseException:
+            self.release(reservation)
+            raise
+        if not committed:
+            self.release(reservation)
+        return committed
 
     async def _wait(self, waiter: _Waiter, is_disconnected: Callable[[], bool] | None) -> _Grant:
         deadline_s = waiter.enqueued_at_s + waiter.policy.queue_timeout_s
@@ -196,6 +277,8 @@ class WaitingRoom:
     def _abandon(self, waiter: _Waiter) -> None:
         """The awaiting task is leaving (timeout, disconnect, cancellation): leave no waiter and no reservation."""
         future = waiter.future
+        if waiter.joined and self._shared is not None:
+            self._shared.leave_queue(waiter.key, waiter.seq)
         if not future.done():
             self._remove(waiter)
         elif not future.cancelled() and future.exception() is None:
@@ -220,7 +303,7 @@ class WaitingRoom:
             return
         now_s = self._clock()
         for waiter in tuple(queue):
-            decision = plan(waiter.cost, waiter.pool, self._ledger.snapshot(key), waiter.policy)
+            decision = plan(waiter.cost, waiter.pool, self._snapshot(key), waiter.policy)
             if isinstance(decision, Wait):
                 waiter.reason = decision.reason
                 if decision.scope == "pool" and now_s - waiter.enqueued_at_s >= waiter.policy.overtake_window_s:

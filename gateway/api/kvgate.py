@@ -221,6 +221,8 @@ def status_snapshot(
             "capacity_tokens": spec.pool_tokens if spec else None,
             "active_sequences": snapshot.active_sequences,
             "reserved_tokens": snapshot.reserved_tokens,
+            "sequences": [{"id": r.id, "tenant": safe_text(r.tenant), "tokens": r.tokens, "sequences": r.sequences}
+                          for r in room.ledger.reservations(pool_key)],
             "queued": stat.queued if stat else 0,
             "oldest_wait_s": round(stat.oldest_waited_s, 3) if stat else 0.0,
             "admitted_total": stat.admitted_total if stat else 0,

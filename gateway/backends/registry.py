@@ -13,7 +13,7 @@ import aiohttp
 from yarl import URL
 
 from gateway.backends import models
-from gateway.backends.client import BackendCallError, BackendClient, find_model
+from gateway.backends.client import BackendCallError, BackendClient, BackendUnreachable, find_model
 from gateway.config import BackendSettings, Settings
 from gateway.domain import BackendKind
 from gateway.errors import InvalidField, ModelNotFound
@@ -119,7 +119,8 @@ class BackendRegistry:
                 await self.fetch_listing(backend)
             except BackendCallError as exc:
                 backend.last_error = exc.message
-                log.warning("could not list models: %s", backend.last_error)  # it names the backend
+                log.warning("could not list models: %s%s", backend.last_error,  # it names the backend
+                            _loopback_hint(backend, exc))
 
     async def refresh_all(self, backends: Iterable[Backend] | None = None) -> None:
         await asyncio.gather(*(self.refresh(backend) for backend in backends or self.backends))
@@ -135,6 +136,18 @@ class BackendRegistry:
             await self._miss_refresh.run("all", self.refresh_all, max_age_s=MISS_REFRESH_MIN_INTERVAL_S)
             found = self._find(model)
         return found or self.default_for(kind)
+
+    async def serving(self, model: str | None, kind: BackendKind | None = None) -> list[Backend]:
+        """Every backend that serves ``model``, in configuration order (those of ``kind`` when some are), for
+        routing between them (gateway/routing/); the default alone when none does (``resolve``)."""
+        if model is None:
+            return [self.default_for(kind)]
+        found = [backend for backend in self.backends if backend.serves(model)]
+        if not found:
+            first = await self.resolve(model, kind)  # refreshes the lists on a miss
+            found = [backend for backend in self.backends if backend.serves(model)] or [first]
+        of_kind = [backend for backend in found if backend.kind is kind]
+        return of_kind or found
 
     async def target_model(self, backend: Backend, model: str | None) -> str:
         """The model the backend will actually run for a request that names ``model``.
@@ -175,3 +188,12 @@ def _some(names: frozenset[str], shown: int = 8) -> str:
         return "no models"
     more = f" and {len(ordered) - shown} more" if len(ordered) > shown else ""
     return ", ".join(repr(name) for name in ordered[:shown]) + more
+
+
+def _loopback_hint(backend: Backend, error: BackendCallError) -> str:
+    """For a loopback backend that can't be reached: in a container, loopback is the container itself."""
+    if not isinstance(error, BackendUnreachable) or URL(backend.settings.url).host not in ("127.0.0.1", "localhost",
+                                                                                           "::1"):
+        return ""
+    return ("; if kvgate runs in a container, 127.0.0.1 is the container itself: point it at the server, e.g. "
+            "KVGATE_BACKEND__URL=http://ollama:11434")

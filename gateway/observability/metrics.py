@@ -50,6 +50,7 @@ from gateway.admission.gpu_ledger import GpuBoard
 from gateway.admission.loads import LoadCounts
 from gateway.admission.outcome import AdmissionOutcome, decision_labels
 from gateway.fitting.summaries import Summaries
+from gateway.observability.decisions import DecisionLog
 from gateway.observability.tenant_usage import UNIDENTIFIED, TenantUsage
 from gateway.observability.truncations import TruncationLog
 from gateway.text import safe_text
@@ -187,6 +188,7 @@ class Metrics:
                                    "count beyond its tolerance (the backend cut the prompt silently)",
                                    ["backend", "model"], registry=self.registry)
         self.truncation_log = TruncationLog()
+        self.recent_decisions = DecisionLog()  # the status page's "recent decisions"
         self.config_reloads = Counter("kvgate_config_reloads", "Configuration reloads (SIGHUP, POST /kvgate/reload)",
                                       ["outcome"], registry=self.registry)
         for outcome in ("ok", "refused"):

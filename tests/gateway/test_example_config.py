@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from pydantic import BaseModel
 
 from gateway.config import BackendSettings, Settings, load_settings
@@ -35,7 +36,8 @@ def test_example_config_documents_every_setting() -> None:
     assert missing == []
 
 
-def test_docker_config_loads() -> None:
+def test_docker_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVGATE_BACKEND__URL", "http://ollama:11434")  # the image sets it (test_container.py)
     settings = load_settings(EXAMPLE.with_name("docker.toml"))
     assert settings.server.host == "0.0.0.0" and settings.backends[0].url == "http://ollama:11434"
 

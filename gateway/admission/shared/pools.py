@@ -1,0 +1,279 @@
+"""This replica's part in the shared ledger: its commits, its leases, and its view of the other replicas.
+
+Theory of operation
+-------------------
+Every replica keeps its own waiting room and in-process ``Ledger`` (its own reservations), and plans exactly as a
+single kvgate does, against a snapshot that adds what the *other* replicas hold (``others``):
+
+    planning snapshot  =  this replica's ledger  +  others(key)
+    others(key)        =  the pool's totals in Redis (every replica's leases)  -  this replica's committed leases
+
+``others`` is as fresh as the last script's answer: each commit, release and renewal returns the totals, and while
+requests wait their pools' totals are read every ``poll_s``. A stale view is never unsafe, because an admission is
+only final once ``commit`` has added the lease in Redis, where the reserve script checks the planner's capacity
+rules again, atomically, against every replica's leases. A request that lost that race (another replica took the
+room first) goes back to its place in the queue with the fresh totals and waits like any other.
+
+Leases. Each reservation is a lease with an expiry on Redis's clock. The replica renews all of its live leases every
+third of ``lease_ttl_s``, so a replica that dies (SIGKILL, a crashed host, a partition) stops renewing and its
+leases expire within ``lease_ttl_s``: the pool is whole again without anyone cleaning up. A release removes the
+lease at once (and is safe to lose: the lease expires anyway). A renewal adds back a lease that expired while the
+replica was cut off for longer than the ttl: its request still runs on the backend, and the pool must count it.
+
+Redis unreachable. Said loudly (an ERROR line when it goes, a WARNING when it is back, ``kvgate_shared_ledger_up``
+and the status page), then ``on_unreachable``:
+    refuse        new requests get 503 ``ledger_unavailable`` with Retry-After; those admitted run to the end.
+    local_share   each replica plans against its share of every pool: ``others`` becomes a synthetic holder of
+                  all but 1/replicas of the pool's tokens and slots (at least one slot is left), so N replicas
+                  together stay within the pool. Once Redis answers again, the renewal adds this replica's leases
+                  and shared planning resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
+
+from gateway.admission import errors
+from gateway.admission.errors import AdmissionRejected
+from gateway.admission.ledger import Reservation
+from gateway.admission.planner import tenant_share_tokens
+from gateway.admission.shared.store import Answer, Limits, SharedStore, StoreUnreachable
+from gateway.admission.types import LedgerSnapshot, Policy, PoolKey, PoolSpec
+from gateway.config_shared import SharedLedgerConfig
+
+log = logging.getLogger("gateway.shared_ledger")
+EMPTY = LedgerSnapshot()
+
+
+def limits_for(pool: PoolSpec, policy: Policy) -> Limits:
+    """The planner's capacity rules for one pool and policy, for the reserve script to check across replicas."""
+    return Limits(pool.slots, pool.pool_tokens if pool.unified else None, policy.per_tenant_max_active,
+                  tenant_share_tokens(policy.per_tenant_max_share, pool))
+
+
+def combine(a: LedgerSnapshot, b: LedgerSnapshot, sign: int = 1) -> LedgerSnapshot:
+    """``a + b`` (or ``a - b`` with ``sign=-1``), never below zero."""
+    active, tokens = Counter(a.per_tenant_active), Counter(a.per_tenant_tokens)
+    for tenant, count in b.per_tenant_active.items():
+        active[tenant] += sign * count
+    for tenant, count in b.per_tenant_tokens.items():
+        tokens[tenant] += sign * count
+    return LedgerSnapshot(
+        max(0, a.active_sequences + sign * b.active_sequences), max(0, a.reserved_tokens + sign * b.reserved_tokens),
+        {t: n for t, n in active.items() if n > 0}, {t: n for t, n in tokens.items() if n > 0},
+    )
+
+
+def local_share_others(pool: PoolSpec, replicas: int) -> LedgerSnapshot:
+    """What the other replicas are assumed to hold while Redis is unreachable: all but this replica's share."""
+    mine_slots = max(1, pool.slots // replicas)
+    mine_tokens = pool.pool_tokens // replicas if pool.unified else pool.pool_tokens
+    return LedgerSnapshot(pool.slots - mine_slots, pool.pool_tokens - mine_tokens if pool.unified else 0)
+
+
+class SharedPools:
+    """See the module docstring. Single-threaded (the event loop's); the waiting room is its only caller."""
+
+    def __init__(self, store: SharedStore, config: SharedLedgerConfig) -> None:
+        self.store = store
+        self._config = config
+        self._others: dict[PoolKey, LedgerSnapshot] = {}
+        self._mine: dict[PoolKey, dict[int, Reservation]] = {}
+        self._pools: dict[PoolKey, PoolSpec] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.up = True
+        self.down_reason = ""
+        self.down_total = 0
+        self.expired_total = 0
+        self.readded_total = 0
+        self.lost_races_total = 0
+
+    def __repr__(self) -> str:
+        return f"SharedPools({self.store!r}, up={self.up})"
+
+    @property
+    def config(self) -> SharedLedgerConfig:
+        return self._config
+
+    # --- planning ---------------------------------------------------------------------------------------------------
+
+    def others(self, key: PoolKey) -> LedgerSnapshot:
+        """What the other replicas hold in the pool, as this replica last saw it (see the module docstring)."""
+        pool = self._pools.get(key)
+        if not self.up and self._config.on_unreachable == "local_share" and pool is not None:
+            return local_share_others(pool, self._config.replicas)
+        return self._others.get(key, EMPTY)
+
+    def refuse_if_down(self, key: PoolKey) -> None:
+        if not self.up and self._config.on_unreachable == "refuse":
+            raise AdmissionRejected(errors.ledger_unavailable(key, self.down_reason))
+
+    def know(self, pool: PoolSpec) -> None:
+        self._pools[pool.key] = pool
+
+    # --- commits and releases ---------------------------------------------------------------------------------------
+
+    async def commit(self, reservation: Reservation, limits: Limits) -> bool:
+        """Make a local reservation final across replicas: True when its lease is in Redis (or, Redis down with
+        ``local_share``, when it was planned against this replica's share); False when another replica took the
+        room first, or Redis just went away (plan again). Raises ``AdmissionRejected`` (503) when Redis is down
+        and the policy is to refuse."""
+        key = reservation.key
+        if not self.up:
+            self.refuse_if_down(key)
+            self._mine.setdefault(key, {})[reservation.id] = reservation  # renewed into Redis once it is back
+            return True
+        try:
+            answer = await self.store.reserve(reservation, limits, self._config.lease_ttl_s)
+        except StoreUnreachable as exc:
+            self.went_down(str(exc))
+            self.refuse_if_down(key)
+            return False  # plan again, now against this replica's share
+        if answer.verdict == "ok":
+            self._mine.setdefault(key, {})[reservation.id] = reservation
+        else:
+            self.lost_races_total += 1
+        self._saw(key, answer)
+        return answer.verdict == "ok"
+
+    def release(self, reservation: Reservation) -> None:
+        """Drop the lease (in the background: the caller never waits on Redis to free a request)."""
+        mine = self._mine.get(reservation.key)
+        if mine is None or mine.pop(reservation.id, None) is None:
+            return
+        if not mine:
+            del self._mine[reservation.key]
+        if self.up:
+            self._spawn(self._release(reservation))
+
+    async def _release(self, reservation: Reservation) -> None:
+        try:
+            answer = await self.store.release(reservation)
+        except StoreUnreachable as exc:
+            self.went_down(str(exc))  # the lease expires on its own
+            return
+        self._saw(reservation.key, answer)
+
+    async def join_queue(self, key: PoolKey, seq: int, max_queue: int, wait_s: float) -> int | None:
+        """Take a place in the pool's queue across replicas: how many wait with this one (more than
+        ``max_queue``: no place); None when Redis is unreachable (the replica's own queue limit still holds)."""
+        if not self.up:
+            return None
+        try:
+            ok, waiting = await self.store.join_queue(key, str(seq), max_queue, wait_s + self._config.lease_ttl_s)
+        except StoreUnreachable as exc:
+            self.went_down(str(exc))
+            return None
+        return waiting if ok else waiting + 1
+
+    def leave_queue(self, key: PoolKey, seq: int) -> None:
+        if self.up:
+            self._spawn(self._leave(key, seq))
+
+    async def _leave(self, key: PoolKey, seq: int) -> None:
+        try:
+            await self.store.leave_queue(key, str(seq))
+        except StoreUnreachable as exc:
+            self.went_down(str(exc))  # the place expires on its own
+
+    # --- background: renewals and fresh totals ----------------------------------------------------------------------
+
+    async def renew_all(self) -> None:
+        """Renew every live lease of this replica (and read every known pool's totals)."""
+        keys = set(self._mine) | set(self._pools)
+        for key in keys:
+            live = tuple(self._mine.get(key, {}).values())
+            try:
+                answer = await self.store.renew(key, live, self._config.lease_ttl_s)
+            except StoreUnreachable as exc:
+                self.went_down(str(exc))
+                return
+            if answer.verdict not in ("0", ""):
+                readded = int(answer.verdict)
+                self.readded_total += readded
+                log.error("shared ledger: %d of this replica's leases in %s had expired (cut off from Redis for "
+                          "longer than lease_ttl_s = %g s) and were added back; the pool may have been "
+                          "over-committed meanwhile", readded, _where(key), self._config.lease_ttl_s)
+            self._saw(key, answer)
+        self._came_back()
+
+    async def refresh(self, keys: Iterable[PoolKey]) -> None:
+        """Read the totals of the pools whose requests wait."""
+        for key in keys:
+            try:
+                answer = await self.store.totals(key)
+            except StoreUnreachable as exc:
+                self.went_down(str(exc))
+                return
+            self._saw(key, answer)
+
+    async def run(self, waiting: Callable[[], Iterable[PoolKey]], redispatch: Callable[[PoolKey], None]) -> None:
+        """Until cancelled: renew leases every third of the ttl; while requests wait, read their pools' totals
+        every ``poll_s`` and let the waiting room dispatch again."""
+        renew_every_s = self._config.lease_ttl_s / 3
+        loop = asyncio.get_running_loop()
+        next_renewal_s = loop.time()
+        while True:
+            if loop.time() >= next_renewal_s or not self.up:
+                await self.renew_all()
+                next_renewal_s = loop.time() + renew_every_s
+            keys = tuple(waiting())
+            if keys:
+                await self.refresh(keys)
+                for key in keys:
+                    redispatch(key)
+            await asyncio.sleep(self._config.poll_s if keys or not self.up else min(renew_every_s, 0.5))
+
+    async def close(self) -> None:
+        for task in tuple(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, timeout=self._config.timeout_s)
+        await self.store.close()
+
+    # --- state ------------------------------------------------------------------------------------------------------
+
+    def mine(self, key: PoolKey) -> LedgerSnapshot:
+        live = self._mine.get(key, {}).values()
+        active: Counter[str] = Counter()
+        tokens: Counter[str] = Counter()
+        for reservation in live:
+            active[reservation.tenant] += reservation.sequences
+            tokens[reservation.tenant] += reservation.tokens
+        return LedgerSnapshot(sum(r.sequences for r in live), sum(r.tokens for r in live), active, tokens)
+
+    def _saw(self, key: PoolKey, answer: Answer) -> None:
+        self.expired_total += answer.expired
+        if answer.expired:
+            log.warning("shared ledger: %d lease(s) in %s expired (a replica stopped renewing them); their tokens "
+                        "are free again", answer.expired, _where(key))
+        self._others[key] = combine(answer.totals, self.mine(key), sign=-1)
+
+    def went_down(self, reason: str) -> None:
+        if self.up:
+            self.up = False
+            self.down_total += 1
+            self.down_reason = reason or "no answer"
+            policy = ("new requests are refused (503)" if self._config.on_unreachable == "refuse"
+                      else f"each replica admits into 1/{self._config.replicas} of every pool")
+            log.error("shared ledger: Redis is unreachable (%s); on_unreachable = %s: %s until it is back",
+                      self.down_reason, self._config.on_unreachable, policy)
+
+    def _came_back(self) -> None:
+        if not self.up:
+            self.up = True
+            log.warning("shared ledger: Redis answers again; this replica's leases are renewed into it and "
+                        "admission is shared again")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _where(key: PoolKey) -> str:
+    return f"model '{key.model}' on backend '{key.backend}'"

@@ -1,0 +1,181 @@
+"""The shared ledger's Redis side: one call per operation, each an atomic script (``scripts.py``).
+
+``SharedStore`` speaks to Redis and nothing else: it turns reservations into leases and the scripts' answers into
+``LedgerSnapshot``s of the whole pool (every replica's leases). Whoever calls it decides what to do with them
+(``pools.SharedPools``). A call that can't reach Redis within ``timeout_s`` raises ``StoreUnreachable``.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.admission.ledger import Reservation
+from gateway.admission.rates import RateLimit, RateRefusal
+from gateway.admission.shared import scripts
+from gateway.admission.types import LedgerSnapshot, PoolKey
+
+
+class StoreUnreachable(Exception):
+    """Redis did not answer (refused, timed out, or an error that is not a script's answer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a pool allows, for the reserve script to check again atomically: the planner's capacity rules."""
+
+    slots: int
+    pool_tokens: int | None  # unified pools only
+    tenant_max_active: int | None
+    tenant_share_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A script's answer: its verdict ('ok', 'slots', 'tokens', 'tenant_active', 'tenant_share'; or a count),
+    the leases it found expired, and the pool's totals across replicas afterwards."""
+
+    verdict: str
+    expired: int
+    totals: LedgerSnapshot
+
+
+def _names(prefix: str, key: PoolKey) -> list[str]:
+    """The pool's Redis keys; the backend's name is length-prefixed so no two pools' names can collide."""
+    base = f"{prefix}:pool:{len(key.backend)}:{key.backend}:{key.model}"
+    return [f"{base}:leases", f"{base}:expiry", f"{base}:totals"]
+
+
+def _snapshot(flat: Sequence[Any]) -> LedgerSnapshot:
+    values = {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+    active: Counter[str] = Counter()
+    tokens: Counter[str] = Counter()
+    for name, value in values.items():
+        if name.startswith("a:") and value > 0:
+            active[name[2:]] = value
+        elif name.startswith("t:") and value > 0:
+            tokens[name[2:]] = value
+    return LedgerSnapshot(max(0, values.get("seqs", 0)), max(0, values.get("tokens", 0)), active, tokens)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class SharedStore:
+    """Leases, queue places and rate buckets in one Redis; see the module docstring."""
+
+    def __init__(self, client: aioredis.Redis, *, prefix: str = "kvgate", replica: str | None = None) -> None:
+        self._redis = client
+        self._prefix = prefix
+        self.replica = replica or uuid.uuid4().hex[:12]
+        self._reserve = client.register_script(scripts.RESERVE)
+        self._release = client.register_script(scripts.RELEASE)
+        self._renew = client.register_script(scripts.RENEW)
+        self._totals = client.register_script(scripts.TOTALS)
+        self._join = client.register_script(scripts.QUEUE_JOIN)
+        self._rate_take = client.register_script(scripts.RATE_TAKE)
+        self._rate_settle = client.register_script(scripts.RATE_SETTLE)
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str, timeout_s: float) -> SharedStore:
+        client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                         retry_on_timeout=False, health_check_interval=30)
+        return cls(client, prefix=prefix)
+
+    def __repr__(self) -> str:  # the URL may carry a password: never shown
+        return f"SharedStore(prefix={self._prefix!r}, replica={self.replica!r})"
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    def lease_id(self, reservation: Reservation) -> str:
+        return f"{self.replica}:{reservation.id}"
+
+    def _value(self, reservation: Reservation) -> str:
+        return f"{reservation.tokens}|{reservation.sequences}|{self.replica}|{reservation.tenant}"
+
+    async def reserve(self, reservation: Reservation, limits: Limits, ttl_s: float) -> Answer:
+        """Add the lease if the pool, across replicas, still has room for it (the planner's rules, atomically)."""
+        args: list[str | int] = [self.lease_id(reservation), self._value(reservation), reservation.tokens,
+                reservation.sequences,
+                reservation.tenant, _ms(ttl_s), limits.slots, _or_none(limits.pool_tokens),
+                _or_none(limits.tenant_max_active), _or_none(limits.tenant_share_tokens)]
+        return await self._call(self._reserve, _names(self._prefix, reservation.key), args)
+
+    async def release(self, reservation: Reservation) -> Answer:
+        return await self._call(self._release, _names(self._prefix, reservation.key), [self.lease_id(reservation)])
+
+    async def renew(self, key: PoolKey, live: Sequence[Reservation], ttl_s: float) -> Answer:
+        """Push the expiry of this replica's live leases in the pool; add back any that expired meanwhile."""
+        args: list[str | int] = [_ms(ttl_s)]
+        for reservation in live:
+            args += [self.lease_id(reservation), self._value(reservation)]
+        return await self._call(self._renew, _names(self._prefix, key), args)
+
+    async def totals(self, key: PoolKey) -> Answer:
+        return await self._call(self._totals, _names(self._prefix, key), [])
+
+    async def join_queue(self, key: PoolKey, waiter: str, max_queue: int, ttl_s: float) -> tuple[bool, int]:
+        """Take a place in the pool's queue across replicas, unless ``max_queue`` are already waiting."""
+        name = f"{_names(self._prefix, key)[0].removesuffix(':leases')}:queue"
+        try:
+            ok, waiting = await self._join(keys=[name], args=[f"{self.replica}:{waiter}", _ms(ttl_s), max_queue])
+        except (RedisError, OSError) as exc:
+            raise StoreUnreachable(str(exc)) from exc
+        return bool(ok), int(waiting)
+
+    async def leave_queue(self, key: PoolKey, waiter: str) -> None:
+        name = f"{_names(self._prefix, key)[0].removesuffix(':leases')}:queue"
+        try:
+            await self._redis.zrem(name, f"{self.replica}:{waiter}")
+        except (RedisError, OSError) as exc:
+            raise StoreUnreachable(str(exc)) from exc
+
+    async def take_rate(self, tenant: str, limit: RateLimit, prompt_tokens: int) -> RateRefusal | None:
+        """The tenant's buckets across replicas: one request and the prompt's tokens, or neither and why not."""
+        keys = [f"{self._prefix}:rate:requests:{tenant}", f"{self._prefix}:rate:tokens:{tenant}"]
+        args = [_or_none(limit.requests_per_minute), _or_none(limit.tokens_per_minute), prompt_tokens]
+        try:
+            ok, wait_ms, which = await self._rate_take(keys=keys, args=args)
+        except (RedisError, OSError) as exc:
+            raise StoreUnreachable(str(exc)) from exc
+        if ok:
+            return None
+        rate = (f"{limit.requests_per_minute:,} requests per minute" if _text(which) == "requests"
+                else f"{limit.tokens_per_minute:,} tokens per minute")
+        if int(wait_ms) < 0:
+            return RateRefusal(math.inf, f"the prompt is {prompt_tokens:,} tokens, more than tenant '{tenant}' may "
+                               f"send in a minute ({rate})")
+        return RateRefusal(int(wait_ms) / 1000.0, f"tenant '{tenant}' is over its rate of {rate}")
+
+    async def settle_rate(self, tenant: str, limit: RateLimit, output_tokens: int) -> None:
+        if limit.tokens_per_minute is None or output_tokens <= 0:
+            return
+        try:
+            await self._rate_settle(keys=[f"{self._prefix}:rate:tokens:{tenant}"],
+                                    args=[limit.tokens_per_minute, output_tokens])
+        except (RedisError, OSError) as exc:
+            raise StoreUnreachable(str(exc)) from exc
+
+    async def _call(self, script: Any, keys: list[str], args: Sequence[str | int]) -> Answer:
+        try:
+            verdict, expired, flat = await script(keys=keys, args=list(args))
+        except (RedisError, OSError) as exc:
+            raise StoreUnreachable(str(exc) or type(exc).__name__) from exc
+        return Answer(_text(verdict), int(expired), _snapshot(flat))
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _or_none(value: int | None) -> int:
+    return -1 if value is None else value

@@ -1,0 +1,98 @@
+"""The last few hundred admission decisions, for the status page: what kvgate did to each request, and why.
+
+    proxy (the request's last step) --add--> DecisionLog (bounded, newest first) --snapshot--> /kvgate/status "recent"
+
+One entry per request that admission decided on: admitted, queued (admitted after a wait), clamped (a field
+rewritten: ``num_ctx``, ``max_tokens``), trimmed, summarized, or refused by kvgate itself (``refusal`` set). A
+request that never reached admission and was not refused (a model listing, a backend that failed) is no decision and
+is left out. An entry holds kvgate's own words (the outcome's notes, the refusal's message) and names (tenant,
+backend, model, request id), never message contents or keys; every string is safe text (``gateway.text``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gateway.admission.outcome import AdmissionDecision, AdmissionOutcome
+from gateway.text import safe_text
+
+RECENT_DECISIONS = 200
+MAX_REASON_CHARS = 500
+"""A refusal message names limits and values; anything longer is cut (the log line keeps the whole)."""
+MAX_NAME_CHARS = 200
+"""A model name may be the client's own string (a llama-server answers any): the log's memory stays bounded."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionEvent:
+    at_s: float  # wall clock, seconds since the epoch (the page shows it in the reader's time zone)
+    request_id: str
+    tenant: str
+    backend: str
+    model: str
+    decision: str  # admitted | queued | clamped | trimmed | summarized | refused
+    reason: str
+    status: int
+    reserved_tokens: int | None
+    waited_s: float
+
+
+def describe(outcome: AdmissionOutcome | None, refusal: str | None, error: str | None) -> tuple[str, str] | None:
+    """(decision, reason) of one request, the most telling decision first; None when admission decided nothing."""
+    if refusal is not None:
+        return "refused", f"{refusal}: {error}" if error else refusal
+    if outcome is None:
+        return None
+    parts = [f"{outcome.forwarded_count.tokens:,} prompt tokens ({outcome.forwarded_count.counter})"]
+    decision = "admitted"
+    if outcome.decision is AdmissionDecision.FORWARDED_WITHOUT_POOL:
+        parts.append("forwarded without a pool (admission off, or no KV layout known)")
+    if outcome.waited_s > 0:
+        decision = "queued"
+        parts.append(f"waited {outcome.waited_s:.2f} s")
+    if outcome.rewrites:
+        decision = "clamped"
+        parts.append("; ".join(outcome.rewrites))
+    if outcome.trim is not None:
+        decision = "trimmed"
+        parts.append(outcome.trim.describe())
+    if outcome.summary is not None:
+        decision = "summarized"
+        parts.append(outcome.summary.describe())
+    parts.extend(outcome.notes)
+    return decision, "; ".join(parts)
+
+
+class DecisionLog:
+    """The last :data:`RECENT_DECISIONS` decisions, newest first; memory stays bounded whatever the traffic."""
+
+    def __init__(self, keep: int = RECENT_DECISIONS, wall_clock: Callable[[], float] = time.time) -> None:
+        self._recent: deque[DecisionEvent] = deque(maxlen=keep)
+        self._wall_clock = wall_clock
+
+    def add(
+        self, *, request_id: str, tenant: str, backend: str, model: str, status: int,
+        outcome: AdmissionOutcome | None, refusal: str | None = None, error: str | None = None,
+    ) -> DecisionEvent | None:
+        described = describe(outcome, refusal, error)
+        if described is None:
+            return None
+        decision, reason = described
+        reserved = outcome.reserved if outcome is not None else None
+        if reserved is not None and model == "-":
+            model = reserved.pool.model
+        event = DecisionEvent(
+            round(self._wall_clock(), 3), safe_text(request_id), safe_text(tenant[:MAX_NAME_CHARS]), safe_text(backend),
+            safe_text(model[:MAX_NAME_CHARS]), decision, safe_text(reason[:MAX_REASON_CHARS]), status,
+            reserved.tokens if reserved is not None else None,
+            round(outcome.waited_s, 3) if outcome is not None else 0.0,
+        )
+        self._recent.appendleft(event)
+        return event
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        return [asdict(event) for event in self._recent]

@@ -1,0 +1,206 @@
+"""The router: the I/O around ``rank`` (rank.py), the conversations' backends (sticky.py) and the outage book
+(outages.py).
+
+For a request whose model several backends serve, ``Router.plan`` reads what each looks like now (read-only: the
+pool directory's known pools, the ledger's snapshot and the waiting room's queue length; a llama-server not probed
+yet gets ``routing.probe_wait_s`` to answer /props) and returns a ``RoutePlan``: the backends in the order to try.
+Requests routed but not admitted yet are counted against their backend (``pending``), so a burst that arrives
+before any of it reserves spreads instead of piling onto the first backend. A backend that fails before anything
+reached the client is taken out (``failed``) and the request moves to the next one, through admission there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.admission import PoolSpec
+from gateway.admission.admit import Admitter
+from gateway.admission.types import PoolKey
+from gateway.backends import Backend
+from gateway.config_routing import RoutingConfig
+from gateway.domain import BackendKind, ParsedRequest
+from gateway.errors import GatewayError
+from gateway.routing.outages import Outages
+from gateway.routing.rank import CandidateView, Ranked, rank
+from gateway.routing.sticky import StickyMap, conversation_key
+from gateway.tokens.request_count import prompt_bytes
+
+ROUTE_HEADER = "X-Kvgate-Route"
+BYTES_PER_TOKEN_GUESS = 3
+"""For ranking only (before the request is counted on the chosen backend): a prompt's tokens, leaning high."""
+
+
+class BackendFailed(Exception):
+    """Raised when a backend failed a request before anything was sent to the client (``error`` says how): the
+    request may go to another backend."""
+
+    def __init__(self, backend: Backend, error: GatewayError) -> None:
+        super().__init__(error.message)
+        self.backend = backend
+        self.error = error
+
+
+@dataclass(slots=True)
+class _Pending:
+    requests: int = 0
+    tokens: int = 0
+
+
+@dataclass(eq=False)
+class RoutePlan:
+    """The backends to try for one request, best first; iterate it for (backend, why), moving on only after
+    ``failed``. ``settle`` ends the current attempt's pending hold (once admitted, or when it failed)."""
+
+    router: Router
+    order: list[tuple[Backend, Ranked]]
+    key: str | None
+    need_tokens: int
+    config: RoutingConfig
+    started_s: float = 0.0
+    _failed: list[str] = field(default_factory=list)
+    _held: str | None = None
+
+    def __iter__(self) -> Iterator[tuple[Backend, str]]:
+        for index, (backend, ranked) in enumerate(self.order):
+            if index > self.config.retries:
+                return
+            if index > len(self._failed):
+                return  # the previous attempt did not fail: nothing more to try
+            self.started_s = self.router.now()
+            if self._held != backend.name:
+                self._hold(backend.name)
+            why = ranked.reason if not self._failed else \
+                f"retried after {', '.join(repr(name) for name in self._failed)} failed; {ranked.reason}"
+            yield backend, why
+
+    @property
+    def retrying(self) -> bool:
+        """Whether an earlier backend failed this request."""
+        return bool(self._failed)
+
+    @property
+    def routed(self) -> bool:
+        """Whether there was a choice (more than one candidate): only then does the response say why."""
+        return len(self.order) > 1
+
+    def _hold(self, name: str) -> None:
+        self.settle()
+        self._held = name
+        pending = self.router.pending.setdefault(name, _Pending())
+        pending.requests += 1
+        pending.tokens += self.need_tokens
+
+    def settle(self) -> None:
+        name, self._held = self._held, None
+        if name is None:
+            return
+        pending = self.router.pending[name]
+        pending.requests -= 1
+        pending.tokens -= self.need_tokens
+        if pending.requests <= 0:
+            del self.router.pending[name]
+
+    def failed(self, failure: BackendFailed) -> bool:
+        """Take the backend out; True when another backend is left to try."""
+        self.settle()
+        name = failure.backend.name
+        self.router.failed(name, failure.error.message, self.config)
+        self._failed.append(name)
+        more = len(self._failed) < len(self.order) and len(self._failed) <= self.config.retries
+        if more:
+            self.router.retries_total[name] = self.router.retries_total.get(name, 0) + 1
+        return more
+
+    def served(self, backend: Backend) -> None:
+        """The backend answered: it is in (when it failed before this attempt began), and keeps the conversation."""
+        self.settle()
+        self.router.outages.succeeded(backend.name, since_s=self.started_s)
+        if self.key is not None and self.config.sticky:
+            self.router.sticky.remember(self.key, backend.name)
+
+
+class Router:
+    def __init__(self, admitter: Admitter, clock: Callable[[], float] = time.monotonic) -> None:
+        self._admitter = admitter
+        self.now = clock
+        self.outages = Outages(clock)
+        self.sticky = StickyMap(max_entries=10_000, ttl_s=600.0, clock=clock)
+        self.pending: dict[str, _Pending] = {}
+        self.retries_total: dict[str, int] = {}
+
+    async def plan(self, parsed: ParsedRequest, backends: list[Backend], config: RoutingConfig,
+                   default_output_tokens: int) -> RoutePlan:
+        """The order to try ``backends`` in for ``parsed`` (one backend: that one, nothing read)."""
+        need = parsed.sequences * (prompt_bytes(parsed.prompt_input) // BYTES_PER_TOKEN_GUESS
+                                   + (parsed.output.tokens or default_output_tokens))
+        if len(backends) == 1:
+            only = Ranked(backends[0].name, rank([CandidateView(backends[0].name)])[0].standing, False, "only")
+            return RoutePlan(self, [(backends[0], only)], None, need, config)
+        self.sticky.configure(max_entries=config.sticky_entries, ttl_s=config.sticky_ttl_s)
+        key = conversation_key(parsed) if config.sticky else None
+        pools = await asyncio.gather(*(self._pool(backend, parsed.model, config) for backend in backends))
+        # from here to the hold, nothing awaits: the next request's ranking sees this one on its way
+        views = [self._view(backend, pool, need) for backend, pool in zip(backends, pools, strict=True)]
+        by_name = {backend.name: backend for backend in backends}
+        ranked = rank(views, sticky=self.sticky.get(key) if key is not None else None)
+        plan = RoutePlan(self, [(by_name[entry.name], entry) for entry in ranked], key, need, config)
+        plan._hold(ranked[0].name)
+        return plan
+
+    def failed(self, backend: str, reason: str, config: RoutingConfig) -> None:
+        self.outages.failed(backend, reason, down_s=config.down_s, max_down_s=config.max_down_s)
+
+    def _view(self, backend: Backend, pool: PoolSpec | None, need_tokens: int) -> CandidateView:
+        out = self.outages.is_out(backend.name)
+        pending = self.pending.get(backend.name, _Pending())
+        if pool is None:  # admission off, or not probed: requests on their way there are its queue
+            resident = backend.kind is not BackendKind.OLLAMA
+            return CandidateView(backend.name, resident=resident, out=out, need_tokens=need_tokens,
+                                 queue_length=pending.requests)
+        room = self._admitter.room
+        snapshot = room.ledger.snapshot(PoolKey(pool.backend, pool.model))
+        return CandidateView(
+            backend.name, resident=True, out=out, unified=pool.unified, need_tokens=need_tokens,
+            free_tokens=pool.pool_tokens - snapshot.reserved_tokens - pending.tokens,
+            free_slots=pool.slots - snapshot.active_sequences - pending.requests,
+            queue_length=room.queue_length(pool.key),
+        )
+
+    async def _pool(self, backend: Backend, model: str | None, config: RoutingConfig) -> PoolSpec | None:
+        """The backend's pool for ``model`` when kvgate knows it (an Ollama model's only once resident: probing it
+        would load it); a llama-server or configured server not probed yet gets ``probe_wait_s``."""
+        name = "" if backend.kind is not BackendKind.OLLAMA else (backend.listed_name(model or "") or model or "")
+        known = self._admitter.known_pools().get((backend.name, name))
+        if known is not None or backend.kind is BackendKind.OLLAMA or self.outages.is_out(backend.name):
+            return known
+        with contextlib.suppress(GatewayError, TimeoutError):
+            return await asyncio.wait_for(self._admitter.pool_for(backend, name), config.probe_wait_s)
+        return None
+
+
+class RouteCollector(Collector):
+    """``kvgate_backend_out``, ``kvgate_backend_outages_total`` and ``kvgate_route_retries_total``, per backend."""
+
+    def __init__(self, router: Router, backends: Callable[[], list[str]]) -> None:
+        self._router = router
+        self._backends = backends
+
+    def collect(self) -> Iterator[Metric]:
+        out = GaugeMetricFamily("kvgate_backend_out", "1 while the backend is taken out after failing",
+                                labels=["backend"])
+        outages = CounterMetricFamily("kvgate_backend_outages", "Times the backend was taken out", labels=["backend"])
+        retries = CounterMetricFamily("kvgate_route_retries", "Requests retried on another backend after this one "
+                                      "failed before answering", labels=["backend"])
+        router = self._router
+        for name in self._backends():
+            out.add_metric([name], int(router.outages.is_out(name)))
+            outages.add_metric([name], router.outages.outages_total.get(name, 0))
+            retries.add_metric([name], router.retries_total.get(name, 0))
+        yield from (out, outages, retries)

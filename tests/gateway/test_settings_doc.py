@@ -1,0 +1,32 @@
+"""The README's settings reference is the one the settings models render: a new setting without its row fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.config import Settings
+from gateway.settings_doc import END, START, render, replace_section
+
+README = Path(__file__).parents[2] / "README.md"
+
+
+def test_readme_settings_reference_is_up_to_date() -> None:
+    text = README.read_text()
+    assert replace_section(text) == text, "run: python -m gateway.settings_doc --write README.md"
+
+
+def test_every_setting_has_a_row_with_its_variable_and_default() -> None:
+    table = render()
+    for name in Settings.model_fields:
+        assert f"| `{name}" in table
+    for row in ("| `server.log_contents` | `KVGATE_SERVER__LOG_CONTENTS` | `false` | UNSAFE",
+                "| `backend.url` | `KVGATE_BACKEND__URL` | `unset` |",
+                "| `admission.queue_order` | `KVGATE_ADMISSION__QUEUE_ORDER` | `fair` |",
+                "| `tenants.NAME.weight` | `KVGATE_TENANTS__<NAME>__WEIGHT` | `1.0` |",
+                "| `server.max_body_bytes` | `KVGATE_SERVER__MAX_BODY_BYTES` | `32.0MiB` |"):
+        assert row in table
+
+
+def test_replace_section_renews_only_the_table() -> None:
+    stale = f"# title\n\nbefore\n{START}\n| old |\n{END}\nafter\n"
+    assert replace_section(stale) == f"# title\n\nbefore\n{START}\n{render()}{END}\nafter\n"
