@@ -37,6 +37,7 @@ from gateway.memory.vram import VramSource
 from gateway.observability import status_page
 from gateway.observability.gpus import gpu_rows, refresh_gpus
 from gateway.observability.metrics import CONTENT_TYPE, Metrics
+from gateway.observability.shared_ledger import SharedLedgerCollector, shared_status
 from gateway.proxy import Proxy
 from gateway.reload import LiveSettings, Reloader, ReloadRefused, SettingsSource
 from gateway.routes import FALLBACK, ROUTES, Route
@@ -136,6 +137,8 @@ def create_app(
         shared = shared_pools(settings.shared_ledger)  # None: the ledger lives in this process only
         app[SHARED] = shared
         room = WaitingRoom(Ledger(), shared=shared)
+        if shared is not None:
+            metrics.registry.register(SharedLedgerCollector(shared))
         loads = LoadGate(settings, app[PROBES], room, app[LOAD_RESERVATIONS], clock=clock)
         app[LOADS] = loads
         metrics.watch_loads(lambda: loads.counts)
@@ -269,6 +272,7 @@ async def _status(request: web.Request) -> web.Response:
     live = app[LIVE]
     status["config"] = {"reloaded_at_s": live.reloaded_at_s, "needs_restart": list(live.needs_restart)}
     status["recent"] = app[METRICS].recent_decisions.snapshot()  # newest first (observability/decisions.py)
+    status["shared_ledger"] = shared_status(app[SHARED])
     if "text/html" in request.headers.get("Accept", ""):
         return web.Response(text=kvgate_api.status_html(status), content_type="text/html")
     return web.json_response(status)

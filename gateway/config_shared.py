@@ -20,7 +20,7 @@ class SharedLedgerConfig(_Strict):
         default="kvgate", min_length=1, max_length=64, description="key prefix: replicas sharing it share pools",
     )
     lease_ttl_s: float = Field(
-        default=10.0, ge=1.0, le=600.0, description="a reservation whose replica stops renewing it (crashed, cut "
+        default=10.0, ge=0.2, le=600.0, description="a reservation whose replica stops renewing it (crashed, cut "
         "off) expires this long after its last renewal; renewed every third of it",
     )
     poll_s: float = Field(

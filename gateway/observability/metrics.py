@@ -27,6 +27,9 @@ the waiting room when scraped (``GET /kvgate/metrics``), so they can never drift
     kvgate_gpu_free_bytes{backend}                       total - resident - other - reserved, at least 0
     kvgate_gpu_overcommitted{backend}                    1 when resident + other + reserved exceed the total
     kvgate_config_reloads_total{outcome}                 configuration reloads: ok | refused (gateway/reload.py)
+    kvgate_backend_out{backend}                          1 while routing holds a failed backend out (gateway/routing/)
+    kvgate_backend_outages_total{backend}                times it was taken out
+    kvgate_route_retries_total{backend}                  requests moved to another backend after it failed
 
 GPU gauges come from the last budget the app computed (on a status read, and in the refresh loop), never from I/O
 during a scrape. Every ``model`` label is bounded: pool labels are pool keys, the truncation counter's is the name

@@ -17,6 +17,7 @@ import yaml
 
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
+from tests.support.redis_server import running_redis
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
@@ -119,13 +120,8 @@ def _exported(exposition: str) -> set[str]:
 
 
 async def test_every_metric_in_alerts_and_dashboard_is_one_kvgate_exports() -> None:
-    async with running(FakeLLM()) as fake, running_gateway([{"name": "gpu0", "url": fake.url}]) as gateway, \
-            aiohttp.ClientSession() as http:
-        chat = {"model": "llama3.1:8b", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
-        async with http.post(f"{gateway}/api/chat", json=chat) as response:
-            assert response.status == 200
-        async with http.get(f"{gateway}/kvgate/metrics") as response:
-            exposition = await response.text()
+    with running_redis() as redis:  # the shared ledger's metrics exist only with one
+        exposition = await _exposition_with_a_shared_ledger(redis.url)
     exported = _exported(exposition)
     used = {name: source for source, exprs in (("alerts.yml", [rule["expr"] for rule in _rules()]),
                                                ("kvgate-dashboard.json", _dashboard_exprs()))
@@ -134,6 +130,19 @@ async def test_every_metric_in_alerts_and_dashboard_is_one_kvgate_exports() -> N
     unknown = sorted(f"{name} ({source})" for name, source in used.items()
                      if name not in exported and name not in PROMETHEUS_OWN)
     assert unknown == []
+
+
+async def _exposition_with_a_shared_ledger(redis_url: str) -> str:
+    shared = {"redis_url": redis_url}
+    async with running(FakeLLM()) as fake, \
+            running_gateway([{"name": "gpu0", "url": fake.url}, {"name": "gpu1", "url": fake.url}],
+                            shared_ledger=shared) as gateway, \
+            aiohttp.ClientSession() as http:
+        chat = {"model": "llama3.1:8b", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
+        async with http.post(f"{gateway}/api/chat", json=chat) as response:
+            assert response.status == 200
+        async with http.get(f"{gateway}/kvgate/metrics") as response:
+            return await response.text()
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")

@@ -3,6 +3,8 @@ printed (pytest -s)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gateway.dialects import parse
@@ -13,37 +15,44 @@ from gateway.routing.sticky import StickyMap, conversation_key
 from tests.support.clock import FakeClock
 
 V = CandidateView
-ROOM = {"free_tokens": 4096, "free_slots": 2}
-FULL = {"free_tokens": 0, "free_slots": 0}
+
+
+def room(name: str, **more: Any) -> CandidateView:
+    return CandidateView(name, free_tokens=4096, free_slots=2, **more)
+
+
+def full(name: str, **more: Any) -> CandidateView:
+    return CandidateView(name, free_tokens=0, free_slots=0, **more)
+
 
 CASES: list[tuple[str, list[CandidateView], str | None, list[str]]] = [
-    ("most free KV first", [V("a", **ROOM), V("b", free_tokens=8192, free_slots=2)], None, ["b", "a"]),
-    ("ties keep config order", [V("a", **ROOM), V("b", **ROOM)], None, ["a", "b"]),
-    ("room beats full", [V("a", **FULL, queue_length=0), V("b", **ROOM)], None, ["b", "a"]),
-    ("a queue means no room now", [V("a", free_tokens=9000, free_slots=3, queue_length=1), V("b", **ROOM)], None,
+    ("most free KV first", [room("a"), V("b", free_tokens=8192, free_slots=2)], None, ["b", "a"]),
+    ("ties keep config order", [room("a"), room("b")], None, ["a", "b"]),
+    ("room beats full", [full("a", queue_length=0), room("b")], None, ["b", "a"]),
+    ("a queue means no room now", [V("a", free_tokens=9000, free_slots=3, queue_length=1), room("b")], None,
      ["b", "a"]),
-    ("full: shortest queue", [V("a", **FULL, queue_length=5), V("b", **FULL, queue_length=2)], None, ["b", "a"]),
+    ("full: shortest queue", [full("a", queue_length=5), full("b", queue_length=2)], None, ["b", "a"]),
     ("unified: a slot but too few tokens is full",
-     [V("a", free_tokens=100, free_slots=3, unified=True, need_tokens=500), V("b", **FULL, queue_length=1)], None,
+     [V("a", free_tokens=100, free_slots=3, unified=True, need_tokens=500), full("b", queue_length=1)], None,
      ["a", "b"]),
     ("unified: enough tokens is room",
-     [V("a", **FULL), V("b", free_tokens=600, free_slots=1, unified=True, need_tokens=500)], None, ["b", "a"]),
-    ("unknown pool between room and full", [V("a", **FULL), V("b"), V("c", **ROOM)], None, ["c", "b", "a"]),
-    ("resident before a load", [V("a", resident=False, load=LoadCost()), V("b", **FULL)], None, ["b", "a"]),
+     [full("a"), V("b", free_tokens=600, free_slots=1, unified=True, need_tokens=500)], None, ["b", "a"]),
+    ("unknown pool between room and full", [full("a"), V("b"), room("c")], None, ["c", "b", "a"]),
+    ("resident before a load", [V("a", resident=False, load=LoadCost()), full("b")], None, ["b", "a"]),
     ("least eviction", [V("a", resident=False, load=LoadCost(evict_bytes=8 << 30, evict_models=1)),
                         V("b", resident=False, load=LoadCost(evict_bytes=2 << 30, evict_models=2)),
                         V("c", resident=False, load=LoadCost())], None, ["c", "b", "a"]),
     ("cannot load last of the healthy", [V("a", resident=False, load=LoadCost(possible=False)),
                                          V("b", resident=False, load=None)], None, ["b", "a"]),
-    ("out last, even with room", [V("a", **ROOM, out=True), V("b", resident=False, load=LoadCost(possible=False))],
+    ("out last, even with room", [room("a", out=True), V("b", resident=False, load=LoadCost(possible=False))],
      None, ["b", "a"]),
-    ("sticky with room beats more free KV", [V("a", free_tokens=9000, free_slots=4), V("b", **ROOM)], "b",
+    ("sticky with room beats more free KV", [V("a", free_tokens=9000, free_slots=4), room("b")], "b",
      ["b", "a"]),
-    ("sticky but full moves", [V("a", **ROOM), V("b", **FULL, queue_length=1)], "b", ["a", "b"]),
-    ("sticky but out moves", [V("a", **ROOM), V("b", **ROOM, out=True)], "b", ["a", "b"]),
-    ("sticky full among full stays", [V("a", **FULL, queue_length=0), V("b", **FULL, queue_length=3)], "b",
+    ("sticky but full moves", [room("a"), full("b", queue_length=1)], "b", ["a", "b"]),
+    ("sticky but out moves", [room("a"), room("b", out=True)], "b", ["a", "b"]),
+    ("sticky full among full stays", [full("a", queue_length=0), full("b", queue_length=3)], "b",
      ["b", "a"]),
-    ("sticky unknown to the plan", [V("a", **ROOM), V("b", **ROOM)], "gone", ["a", "b"]),
+    ("sticky unknown to the plan", [room("a"), room("b")], "gone", ["a", "b"]),
 ]
 
 
@@ -66,8 +75,8 @@ def test_print_matrix() -> None:
 
 def test_reasons_name_the_numbers() -> None:
     assert rank([V("a", free_tokens=3072, free_slots=1)])[0].reason == "resident, 3,072 tokens free"
-    assert rank([V("a", **FULL, queue_length=2)])[0].standing is Standing.FULL
-    assert "out after failing" in rank([V("a", **ROOM, out=True)])[0].reason
+    assert rank([full("a", queue_length=2)])[0].standing is Standing.FULL
+    assert "out after failing" in rank([room("a", out=True)])[0].reason
 
 
 def test_outages_double_while_failing_and_clear_on_a_later_success() -> None:

@@ -1,0 +1,45 @@
+"""The shared ledger in metrics and on the status page: is Redis answering, and what the leases went through."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.admission.shared.pools import SharedPools
+
+
+class SharedLedgerCollector(Collector):
+    def __init__(self, shared: SharedPools) -> None:
+        self._shared = shared
+
+    def collect(self) -> Iterator[Metric]:
+        shared = self._shared
+        yield GaugeMetricFamily("kvgate_shared_ledger_up", "1 while the shared ledger's Redis answers, else 0",
+                                value=1 if shared.up else 0)
+        for name, doc, value in (
+            ("kvgate_shared_ledger_outages", "Times Redis stopped answering (on_unreachable applied)",
+             shared.down_total),
+            ("kvgate_shared_ledger_lost_races", "Admissions another replica beat to the last room (they waited "
+             "again)", shared.lost_races_total),
+            ("kvgate_shared_ledger_expired_leases", "Leases seen expired (a replica stopped renewing them)",
+             shared.expired_total),
+            ("kvgate_shared_ledger_readded_leases", "This replica's leases that had expired while it was cut off "
+             "and were added back", shared.readded_total),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+
+
+def shared_status(shared: SharedPools | None) -> dict[str, Any]:
+    """The ``shared_ledger`` part of ``/kvgate/status`` (never the Redis URL: it may hold a password)."""
+    if shared is None:
+        return {"enabled": False}
+    config = shared.config
+    return {
+        "enabled": True, "up": shared.up, "down_reason": None if shared.up else shared.down_reason,
+        "replica": shared.store.replica, "prefix": config.prefix, "lease_ttl_s": config.lease_ttl_s,
+        "on_unreachable": config.on_unreachable, "outages": shared.down_total,
+        "lost_races": shared.lost_races_total, "expired_leases": shared.expired_total,
+    }
