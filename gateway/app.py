@@ -268,11 +268,13 @@ async def _status(request: web.Request) -> web.Response:
     await asyncio.wait({refresh}, timeout=STATUS_GPU_WAIT_S)
     status = kvgate_api.status_snapshot(app[REGISTRY], app[ADMITTER].room, pools.known(),
                                         time.monotonic() - app[STARTED], app[METRICS].truncation_log.snapshot(), notes,
-                                        gpus=gpu_rows(app[GPU_BOARD], app[LOADS].counts))
+                                        gpus=gpu_rows(app[GPU_BOARD], app[LOADS].counts),
+                                        routing=app[PROXY].router.status)
     live = app[LIVE]
     status["config"] = {"reloaded_at_s": live.reloaded_at_s, "needs_restart": list(live.needs_restart)}
     status["recent"] = app[METRICS].recent_decisions.snapshot()  # newest first (observability/decisions.py)
     status["shared_ledger"] = shared_status(app[SHARED])
+    status["longest_prompts"] = app[METRICS].longest_prompts.snapshot()  # kvgate check --gateway reads these
     if "text/html" in request.headers.get("Accept", ""):
         return web.Response(text=kvgate_api.status_html(status), content_type="text/html")
     return web.json_response(status)

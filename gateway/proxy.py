@@ -12,9 +12,10 @@
                                                  (waiting_room.py, ledger.py): one AdmissionOutcome (outcome.py)
     forward              backends/client.py      the backend's one client: auth, Host, timeouts, transport errors
     stream back          streaming.py            bytes pass through; usage observed (observability/usage.py)
-    release + observe    here                    the permit is released; truncation checked
+    release + observe    here, reply_checks.py   the permit is released; truncation checked
                                                  (observability/truncation.py); calibration; metrics and the
                                                  log line rendered from the outcome (observability/metrics.py)
+    listings             listing.py              /api/tags, /api/ps, /v1/models: every backend's list, merged
 
 Errors are raised as ``gateway.errors`` and rendered once, here, in the dialect of the request.
 """
@@ -27,11 +28,9 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
 
-import orjson
 from aiohttp import web
 
 from gateway import dialects
@@ -41,8 +40,7 @@ from gateway.admission.outcome import AdmissionOutcome, response_headers
 from gateway.admission.rates import RateLimit
 from gateway.admission.shared.rates import TenantRates
 from gateway.admission.tenants import Tenant
-from gateway.backends import Backend, BackendRegistry, models
-from gateway.backends.client import BackendCallError
+from gateway.backends import Backend, BackendRegistry
 from gateway.body.budget import BodyBudget, BodyLease
 from gateway.body.reader import read_body
 from gateway.config import Settings
@@ -59,14 +57,14 @@ from gateway.errors import (
 from gateway.fitting.policy import FitPolicy, policy_for
 from gateway.fitting.summarizer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, InternalCalls
 from gateway.headers import REQUEST_ID, request_deadline, upstream_request_headers
-from gateway.observability import truncation
-from gateway.observability.logs import request_id_var, sanitize
-from gateway.observability.metrics import Metrics, record, record_refusal, record_truncation
+from gateway.listing import merged_listing
+from gateway.observability.logs import request_id_var
+from gateway.observability.metrics import Metrics, record, record_refusal
 from gateway.observability.request_log import logged_content, request_fields
 from gateway.observability.tenant_usage import UNIDENTIFIED, refusal_reason
-from gateway.observability.truncations import model_label
 from gateway.observability.usage import UsageObserver
 from gateway.reload import LiveSettings
+from gateway.reply_checks import ReplyChecks
 from gateway.routes import FALLBACK, Handling, Route, fallback_dialect
 from gateway.routing import ROUTE_HEADER, BackendFailed, RouteCollector, RoutePlan, Router
 from gateway.streaming import relay
@@ -76,7 +74,6 @@ from gateway.tokens.prompt_counter import PromptCounter
 log = logging.getLogger("gateway.proxy")
 
 MAX_REQUEST_ID_CHARS = 128
-ESTIMATE_COUNTER = "estimate"
 
 
 def _gone(request: web.Request) -> bool:
@@ -141,10 +138,16 @@ class Proxy:
         self._metrics = metrics
         self._clock = clock
         self._router = Router(admitter)
+        self._checks = ReplyChecks(live, counter, metrics)  # after a counted reply: truncation, calibration
         metrics.registry.register(RouteCollector(self._router, lambda: [b.name for b in registry.backends]))
         server = live.settings.server  # the body budget is bound at start (server.* needs a restart)
         self._bodies = BodyBudget(int(server.max_held_body_bytes), wait_s=server.held_body_wait_s)
         live.subscribe(self._reloaded)
+
+    @property
+    def router(self) -> Router:
+        """Which backend each request goes to (its outage book and routing state: the status page)."""
+        return self._router
 
     def _reloaded(self, settings: Settings) -> None:
         """Keep the rate buckets of the tenants (and rates) that remain."""
@@ -199,6 +202,8 @@ class Proxy:
                                                backend=trace.backend, model=trace.model, status=status,
                                                outcome=trace.outcome, refusal=trace.refusal,
                                                error=str(detail.get("error", "")) or None)
+            if trace.count is not None:
+                self._metrics.longest_prompts.see(trace.backend, trace.model, trace.count.tokens, trace.count.exact)
             request_id_var.reset(token)
 
     def _error_response(self, dialect: Dialect, error: GatewayError, request_id: str) -> web.Response:
@@ -216,7 +221,7 @@ class Proxy:
         lease: BodyLease, trace: _Trace,
     ) -> web.StreamResponse:
         if route.handling is Handling.LISTING:
-            return await self._listing(request, route, request_id)
+            return await merged_listing(self._registry, request, route, request_id)
         if route.handling is Handling.PASSTHROUGH:
             model = trace.asked_model = request.match_info.get("model")
             backend = await self._registry.resolve(model, route.kind)
@@ -303,7 +308,7 @@ class Proxy:
             if observer is not None and response.status == 200:
                 trace.output_tokens = observer.output_tokens()
                 await self._rates.settle(tenant.name, tenant.rate, trace.output_tokens or 0, time.monotonic())
-                await self._observe(parsed, backend, admitted.outcome, observer.prompt_tokens(), model)
+                await self._checks.observe(parsed, backend, admitted.outcome, observer.prompt_tokens(), model)
             return response
         finally:
             claim.release()
@@ -347,60 +352,6 @@ class Proxy:
         if backend.kind is BackendKind.OLLAMA and parsed.operation in KV_OPERATIONS and parsed.model:
             self._admitter.model_may_have_reloaded(backend, parsed.model)
 
-    async def _observe(
-        self, parsed: ParsedRequest, backend: Backend, outcome: AdmissionOutcome, seen: int | None, model: str,
-    ) -> None:
-        """Check the prompt length the backend reported against kvgate's count of the prompt it forwarded (a silent
-        truncation is logged, counted and shown on the status page), then, for Ollama with a real count, learn the
-        model's template overhead from it (the estimator ignores samples below the content's own tokens: those
-        prompts were cut)."""
-        if seen is None:
-            return
-        margin = self._live.settings.counting.estimate_safety_margin
-        forwarded = outcome.forwarded_count
-        found = truncation.detect(forwarded.tokens, seen, exact=forwarded.exact, estimate_margin=margin,
-                                  counter=forwarded.counter)
-        if found is not None and found.counter == ESTIMATE_COUNTER:
-            # a byte estimate can run high by more than any tolerance: count the prompt for real before calling the
-            # backend's figure a truncation (the client is served; the tokenizer has had time to load)
-            recounted = await self._counter.count(parsed, backend, model,
-                                                   budget_s=self._live.settings.counting.refusal_count_wait_s)
-            if recounted.counter != ESTIMATE_COUNTER and outcome.trim is None:
-                found = truncation.detect(recounted.tokens, seen, exact=recounted.exact, estimate_margin=margin,
-                                          counter=recounted.counter)
-        if found is not None:
-            self._report_truncation(parsed, backend, model, found)
-        count = outcome.count
-        if count.counter != ESTIMATE_COUNTER and not count.exact and backend.kind is BackendKind.OLLAMA:
-            await self._counter.calibrate(parsed, backend, model, seen)  # an exact count has nothing to learn
-
-    def _report_truncation(
-        self, parsed: ParsedRequest, backend: Backend, model: str, found: truncation.Truncation
-    ) -> None:
-        """Log, count and keep for the status page; the metric's model label is bounded by the backend's list."""
-        request_id = request_id_var.get()
-        label = model_label(backend.models, model or parsed.model)
-        log.warning("silent truncation: %s; backend '%s', model '%s' (asked as '%s'): it cut the prompt",
-                    found.describe(), backend.name, label, sanitize(parsed.model or ""),
-                    extra={"request_id": request_id, "backend": backend.name, "model": label,
-                           "counted_tokens": found.counted_tokens, "reported_tokens": found.reported_tokens})
-        record_truncation(self._metrics, request_id=request_id, backend=backend.name, model=label,
-                          counted_tokens=found.counted_tokens, reported_tokens=found.reported_tokens,
-                          counter=found.counter)
-
-    def _truncation_header(
-        self, observer: UsageObserver, forwarded: TokenCount, status: int, sent: Mapping[str, str]
-    ) -> dict[str, str]:
-        """For a reply held whole before its headers go out: name a silent truncation in a header."""
-        if status != 200:
-            return {}
-        found = truncation.detect(forwarded.tokens, observer.prompt_tokens(), exact=forwarded.exact,
-                                  estimate_margin=self._live.settings.counting.estimate_safety_margin,
-                                  counter=forwarded.counter)
-        if found is None or found.counter == ESTIMATE_COUNTER:  # an estimate is checked by a recount, later
-            return {}
-        return {truncation.TRUNCATED_HEADER: found.describe()}
-
     async def _forward(
         self,
         request: web.Request,
@@ -427,48 +378,7 @@ class Proxy:
                 backend_label=backend.describe(), extra_headers={"X-Kvgate-Backend": backend.name, **headers_out},
                 observer=observer, coalesce_s=self._live.settings.server.stream_coalesce_s,
                 held_headers=None if observer is None or forwarded is None
-                else functools.partial(self._truncation_header, observer, forwarded),
+                else functools.partial(self._checks.truncation_header, observer, forwarded),
             )
         finally:
             upstream.close()
-
-    async def _get_json(self, backend: Backend, path: str) -> dict[str, Any]:
-        if path == models.list_path(backend.kind):
-            return await self._registry.fetch_listing(backend)  # the one listing fetch: it keeps the model names
-        return await backend.client.get_json(path)
-
-    async def _listing(self, request: web.Request, route: Route, request_id: str) -> web.Response:
-        """``/api/tags``, ``/api/ps`` and ``/v1/models``: the lists of all backends, merged."""
-        path = request.path
-        backends = self._registry.backends
-        if route.kind is not None:
-            backends = [backend for backend in backends if backend.kind is route.kind] or [self._registry.default]
-        fetch_path = path if path != "/api/tags" else None
-        results = await asyncio.gather(
-            *(self._get_json(b, fetch_path or models.list_path(b.kind)) for b in backends), return_exceptions=True
-        )
-        groups: list[list[dict[str, Any]]] = []
-        unreachable: list[str] = []
-        for backend, result in zip(backends, results, strict=True):
-            if isinstance(result, BaseException):
-                if not isinstance(result, BackendCallError):
-                    raise result
-                unreachable.append(backend.name)
-                log.warning("could not list %s: %s", path, result.message)
-                continue
-            if path == "/v1/models":
-                groups.append(models.as_openai_models(result))
-            elif path == "/api/tags":
-                groups.append(models.as_ollama_tags(backend.kind, result))
-            else:
-                groups.append([entry for entry in result.get("models") or [] if isinstance(entry, dict)])
-        if not groups:
-            raise BackendUnavailable(f"no backend answered {path}; unreachable: {', '.join(unreachable)}")
-        if path == "/v1/models":
-            payload: dict[str, Any] = {"object": "list", "data": models.merge_unique(groups, "id")}
-        else:
-            payload = {"models": models.merge_unique(groups, "name")}
-        headers = {REQUEST_ID: request_id}
-        if unreachable:
-            headers["X-Kvgate-Unreachable"] = ",".join(unreachable)
-        return web.Response(body=orjson.dumps(payload), content_type="application/json", headers=headers)

@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway import dialects
 from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, Rewrites, WaitingRoom
+from gateway.admission.load_preview import LoadPreview
 from gateway.admission.loads import Claim, LoadGate
 from gateway.admission.outcome import AdmissionOutcome, Admitted, Reserved, SummaryNote, Trim
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
@@ -126,6 +127,17 @@ class Admitter:
     def known_pools(self) -> dict[tuple[str, str], PoolSpec]:
         """Every pool probed so far, by (backend, model as the backend names it; "" for servers of one pool)."""
         return self._pools.known()
+
+    async def load_preview(self, backend: Backend, model: str) -> LoadPreview:
+        """What loading ``model`` on ``backend`` would take now, for routing (``LoadGate.preview``: nothing is
+        locked, claimed or loaded)."""
+        if self._loads is None:
+            return LoadPreview.unknown("no load gate")
+        return await self._loads.preview(backend, model)
+
+    def resident(self, backend: Backend, model: str) -> bool | None:
+        """Whether the last /api/ps kvgate read from the (Ollama) backend listed ``model``; None when unknown."""
+        return None if self._loads is None else self._loads.resident(backend.name, model)
 
     def claim(self, backend: Backend, pool: PoolSpec | None) -> Claim | NoClaim:
         """Hold the pool's model resident while the request runs (released once, when the response ends)."""

@@ -22,6 +22,10 @@ is refused, saying so.
 
 Without a ``vram`` source, on other backend kinds, with ``residency.enabled = false``, or when the model's profile
 can't be had, ``load`` answers None and the caller loads as before.
+
+For routing, ``preview`` asks the same question without acting on it (load_preview.py): with the last GPU reading
+and /api/ps (read at most once per ``vram_refresh_s`` per backend and model), no lock, no claim, no load; and
+``resident`` says whether the last /api/ps kvgate read from a backend (for any purpose) listed a model.
 """
 
 from __future__ import annotations
@@ -31,13 +35,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from ipaddress import ip_address
+from dataclasses import dataclass
 
-from yarl import URL
-
-from gateway.admission.gpu_ledger import LoadReservations
+from gateway.admission.gpu_ledger import GpuBudget, GpuEntry, LoadReservations
 from gateway.admission.gpu_reading import read_gpu_entry
+from gateway.admission.load_offload import offloaded
 from gateway.admission.load_plan import (
     GpuRoom,
     LoadAction,
@@ -47,6 +49,7 @@ from gateway.admission.load_plan import (
     decide_load,
     unload_candidates,
 )
+from gateway.admission.load_preview import RESIDENT, LoadPreview, preview_of
 from gateway.admission.types import PoolKey
 from gateway.admission.waiting_room import WaitingRoom
 from gateway.backends import Backend
@@ -56,12 +59,11 @@ from gateway.backends.probes import BackendProbes
 from gateway.config import ModelSettings, Settings
 from gateway.domain import BackendKind
 from gateway.errors import LoadRefused
-from gateway.memory.estimate import estimate, ram_check
-from gateway.memory.host_ram import RamVerdict, read_host_ram
 from gateway.memory.load_cost import estimate_load_cost
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.ollama import default_context_tokens
 from gateway.memory.vram import VramUnavailable
+from gateway.single_flight import SingleFlight
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +147,9 @@ class LoadGate:
         self._loaded_at: dict[tuple[str, str], float] = {}
         self._expected_at: dict[tuple[str, str], float] = {}
         self._claims: dict[tuple[str, str], int] = {}
+        self._previews: SingleFlight[tuple[str, str], tuple[ModelProfile, GpuEntry | None]] = SingleFlight(
+            clock=clock)
+        """The inputs of ``preview``, per (backend, model): read at most once per ``vram_refresh_s``."""
         self.on_unload: Callable[[str, str], None] = lambda backend, model: None
         """Called (backend, model) just before kvgate unloads a model: its pool is read anew by the next request."""
         self.counts: dict[str, LoadCounts] = {}
@@ -252,6 +257,41 @@ class LoadGate:
             problem = "no vram source" if entry is None else entry.problem
             log.warning("load of %s is not checked against GPU memory: %s", _label(backend, model), problem)
             return None, False
+        return self._decision(backend, model, profile, budget, at_default=at_default)
+
+    async def preview(self, backend: Backend, model: str) -> LoadPreview:
+        """What loading ``model`` on ``backend`` would take now (load_preview.py), from the last GPU reading and
+        /api/ps (at most ``vram_refresh_s`` old); no lock, no claim, nothing unloaded or loaded."""
+        if not self.applies(backend):
+            return LoadPreview.unknown("no GPU check on this backend")
+        try:
+            profile, entry = await self._previews.run(
+                (backend.name, canonical_model(model)), lambda: self._preview_inputs(backend, model),
+                max_age_s=backend.settings.vram_refresh_s)
+        except (ProbeError, LookupError, VramUnavailable) as exc:
+            return LoadPreview.unknown(str(exc) or type(exc).__name__)
+        budget = None if entry is None else entry.budget
+        if budget is None:
+            return LoadPreview.unknown("no vram source" if entry is None else entry.problem or "no GPU reading")
+        if any(same_model(m.name, model) for m in budget.residents):
+            return RESIDENT
+        return preview_of(self._decision(backend, model, profile, budget, at_default=False, offload=False)[0])
+
+    async def _preview_inputs(self, backend: Backend, model: str) -> tuple[ModelProfile, GpuEntry | None]:
+        profile = await self._probes.profile(backend, model)
+        return profile, await read_gpu_entry(backend, self._probes, self._reservations)
+
+    def resident(self, backend: str, model: str) -> bool | None:
+        """Whether the last /api/ps kvgate read from ``backend`` listed ``model`` (None: none read yet)."""
+        listed = self._probes.last_loaded(backend)
+        return None if listed is None else any(same_model(name, model) for name in listed)
+
+    def _decision(
+        self, backend: Backend, model: str, profile: ModelProfile, budget: GpuBudget, *, at_default: bool,
+        offload: bool = True,
+    ) -> tuple[LoadDecision, bool]:
+        """The decision with ``budget`` (no I/O), and whether its context was asked for explicitly; ``offload``:
+        try a refused load partly on the CPU (``residency.allow_cpu_offload``)."""
         settings = backend.settings
         residency = self._settings.residency
         explicit = None if at_default else settings.context_tokens or profile.context_tokens
@@ -273,40 +313,13 @@ class LoadGate:
         now_s = self._clock()
         decision = decide_load(ask, room, residents, now_s=now_s, min_resident_s=residency.min_resident_s,
                                own_resident_bytes=own_bytes)
-        if decision.action is LoadAction.REFUSE and residency.allow_cpu_offload:
+        if decision.action is LoadAction.REFUSE and residency.allow_cpu_offload and offload:
             unload = unload_candidates(residents, ask, now_s, residency.min_resident_s)[0]
             freed = sum(m.resident_bytes for m in unload)
             vram_free = max(0, min(room.available_bytes + own_bytes + freed, room.total_bytes) - room.headroom_bytes)
-            decision = self._offloaded(backend, profile, decision, tuple(m.name for m in unload), freed, vram_free,
-                                       room.total_bytes)
+            decision = offloaded(backend, profile, decision, tuple(m.name for m in unload), freed, vram_free,
+                                 room.total_bytes, residency.meminfo_path)
         return decision, explicit is not None
-
-    def _offloaded(
-        self, backend: Backend, profile: ModelProfile, refused: LoadDecision, unload: tuple[str, ...], freed: int,
-        vram_free_bytes: int, vram_total_bytes: int,
-    ) -> LoadDecision:
-        """A refused load, allowed to run partly on the CPU (``residency.allow_cpu_offload``) when the backend's host
-        is this one and its system RAM holds the offloaded layers without swapping; refused otherwise, saying why."""
-        if not _is_local(backend):
-            return replace(refused, reason=f"{refused.reason}; it would need CPU offload, and the system RAM of "
-                           f"{backend.settings.url} can't be read from here (kvgate reads its own /proc/meminfo)")
-        settings = backend.settings
-        result = estimate(profile, context=refused.context_tokens, parallel=settings.parallel or 1,
-                          type_k=settings.cache_type_k, type_v=settings.cache_type_v,
-                          vram_total_bytes=vram_total_bytes, vram_free_bytes=vram_free_bytes)
-        check = ram_check(result, lambda: read_host_ram(self._settings.residency.meminfo_path))
-        spill = check.offload
-        if check.verdict is not RamVerdict.FITS or spill is None or check.host is None:
-            why = check.warning() or check.note
-            ram = f"{spill.ram_bytes:,} bytes of system RAM" if spill else "system RAM"
-            available = f", {check.host.available_bytes:,} available" if check.host else ""
-            return replace(refused, reason=f"{refused.reason}; loaded partly on the CPU it would take {ram}"
-                           f"{available}: {why}")
-        return replace(
-            refused, action=LoadAction.LOAD, unload=unload, freed_bytes=freed, offloaded_ram_bytes=spill.ram_bytes,
-            reason=f"{spill.cpu_layers} of {spill.n_layers} layers on the CPU, {spill.ram_bytes:,} bytes of system "
-            f"RAM ({check.host.available_bytes:,} available; residency.allow_cpu_offload)",
-        )
 
     def _state(self, backend: Backend, name: str, resident_bytes: int) -> ResidentState:
         key = (backend.name, canonical_model(name))
@@ -367,17 +380,6 @@ def lowered_of(loaded: Loaded | None) -> Lowered | None:
 
 def _describe(backend: Backend, decision: LoadDecision) -> str:
     return f"GPU memory on {backend.describe()}: {decision.describe()}"
-
-
-def _is_local(backend: Backend) -> bool:
-    """Whether the backend runs on this host (a loopback address), so its system RAM is the one kvgate reads."""
-    host = URL(backend.settings.url).host or ""
-    if host == "localhost":
-        return True
-    try:
-        return ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _label(backend: Backend, model: str) -> str:

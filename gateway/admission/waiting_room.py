@@ -143,7 +143,7 @@ class WaitingRoom:
         """Capacity may have come back elsewhere (another replica released): let the pool's waiters in."""
         self._dispatch(key)
 
-    def _snapshot(self, key: PoolKey) -> LedgerSnapshot:
+    def pool_snapshot(self, key: PoolKey) -> LedgerSnapshot:
         """What the pool holds: this replica's reservations, plus (shared) what the other replicas hold."""
         here = self._ledger.snapshot(key)
         return here if self._shared is None else combine(here, self._shared.others(key))
@@ -174,11 +174,11 @@ class WaitingRoom:
             return (await self._admit_here(key, pool, cost, policy, is_disconnected, None))[0]
         shared.refuse_if_down(key)
         shared.know(pool)
-        again: _Waiter | None = None
+        again: _Waiter | Tag | None = None
         while True:  # admitted here, then committed across replicas; a lost race waits again, in its place
             grant, again = await self._admit_here(key, pool, cost, policy, is_disconnected, again)
             if await self._commit(shared, grant, pool, policy):
-                if again.joined:
+                if isinstance(again, _Waiter) and again.joined:
                     shared.leave_queue(key, again.seq)
                 return grant
 
@@ -189,22 +189,26 @@ class WaitingRoom:
         cost: RequestCost,
         policy: Policy,
         is_disconnected: Callable[[], bool] | None,
-        again: _Waiter | None,
-    ) -> tuple[_Grant, _Waiter]:
-        """Admit against this replica's view; ``again`` is a waiter whose admission another replica beat: it goes
-        back to its place in the queue (same arrival, same fair tag)."""
-        if again is None:
-            first = plan(cost, pool, self._snapshot(key), policy)
+        again: _Waiter | Tag | None,
+    ) -> tuple[_Grant, _Waiter | Tag]:
+        """Admit against this replica's view. ``again`` is a request whose admission another replica beat: a waiter
+        goes back to its place in the queue (same arrival, same fair tag), one admitted at once (its fair tag) joins
+        the queue now. The second value is what to pass as ``again`` if this admission loses too."""
+        if isinstance(again, Tag):
+            future: asyncio.Future[_Grant] = asyncio.get_running_loop().create_future()
+            waiter = _Waiter(next(self._seq), key, pool, cost, policy, self._clock(), future, again)
+        elif again is None:
+            first = plan(cost, pool, self.pool_snapshot(key), policy)
             if isinstance(first, Reject):  # rejections never depend on the snapshot: refuse now, not after a wait
                 self._counter(key).rejected_total += 1
                 raise AdmissionRejected(first)
             fair = self._fair.setdefault(key, FairClock())
             tag = fair.tag(cost.tenant, _reserve_tokens(first, cost, pool, policy), cost.weight)
-            future: asyncio.Future[_Grant] = asyncio.get_running_loop().create_future()
-            waiter = _Waiter(next(self._seq), key, pool, cost, policy, self._clock(), future, tag)
             if isinstance(first, Admit) and key not in self._queues:  # nobody waits: dispatch would admit it at once
                 fair.served(tag)
-                return _Grant(self._reserve(key, first, cost.tenant), first, 0.0), waiter
+                return _Grant(self._reserve(key, first, cost.tenant), first, 0.0), tag
+            future = asyncio.get_running_loop().create_future()
+            waiter = _Waiter(next(self._seq), key, pool, cost, policy, self._clock(), future, tag)
         else:
             waiter = again
             waiter.future = asyncio.get_running_loop().create_future()
@@ -303,7 +307,7 @@ class WaitingRoom:
             return
         now_s = self._clock()
         for waiter in tuple(queue):
-            decision = plan(waiter.cost, waiter.pool, self._snapshot(key), waiter.policy)
+            decision = plan(waiter.cost, waiter.pool, self.pool_snapshot(key), waiter.policy)
             if isinstance(decision, Wait):
                 waiter.reason = decision.reason
                 if decision.scope == "pool" and now_s - waiter.enqueued_at_s >= waiter.policy.overtake_window_s:

@@ -198,13 +198,14 @@ def tenants_snapshot(usage: TenantUsage, configured: Iterable[str], room: Waitin
 def status_snapshot(
     registry: BackendRegistry, room: WaitingRoom, pools: dict[tuple[str, str], PoolSpec], uptime_s: float,
     truncations: dict[str, Any] | None = None, notes: dict[str, list[str]] | None = None,
-    *, gpus: list[dict[str, Any]] | None = None,
+    *, gpus: list[dict[str, Any]] | None = None, routing: Callable[[str], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Backends (with ``notes``: why one is forwarded without admission, a configured context its loaded models
     disagree with), their models, every KV pool with its reservations and queue, the GPU ledger of each backend with
     a VRAM source (``observability.gpus.gpu_rows``), and the silent truncations seen in replies
-    (``TruncationLog.snapshot()``), as JSON. Every string that may come from a client or a backend is safe text
-    (``gateway.text``), so the page always encodes."""
+    (``TruncationLog.snapshot()``), as JSON; with ``routing`` (``Router.status``), each backend's routing state:
+    seconds it stays out after failing, why, outages and retries. Every string that may come from a client or a
+    backend is safe text (``gateway.text``), so the page always encodes."""
     notes = notes or {}
     stats = room.stats()
     pool_rows = []
@@ -237,13 +238,19 @@ def status_snapshot(
         "backends": [
             {"name": b.name, "kind": str(b.kind), "url": b.settings.url, "models": sorted(map(safe_text, b.models)),
              "last_error": b.last_error and safe_text(b.last_error),
-             "notes": [safe_text(note) for note in notes.get(b.name, [])]}
+             "notes": [safe_text(note) for note in notes.get(b.name, [])],
+             **({} if routing is None else {"routing": _routing_row(routing(b.name))})}
             for b in registry.backends
         ],
         "pools": pool_rows,
         "gpus": gpus or [],
         "truncations": truncations or {"counts": [], "recent": []},
     }
+
+
+def _routing_row(state: dict[str, Any]) -> dict[str, Any]:
+    reason = state.get("out_reason")
+    return {**state, "out_reason": None if reason is None else safe_text(str(reason))}
 
 
 def status_html(status: dict[str, Any]) -> str:
@@ -253,8 +260,8 @@ def status_html(status: dict[str, Any]) -> str:
 
     pool_columns = ["backend", "model", "kind", "slots", "slot_context_tokens", "capacity_tokens", "active_sequences",
                     "reserved_tokens", "queued", "oldest_wait_s", "admitted_total", "refused_total"]
-    backend_columns = [[b["name"], b["kind"], b["url"], ", ".join(b["models"]), b["last_error"] or "",
-                        "; ".join(b["notes"])] for b in status["backends"]]
+    backend_columns = [[b["name"], b["kind"], b["url"], ", ".join(b["models"]), _out_cell(b.get("routing")),
+                        b["last_error"] or "", "; ".join(b["notes"])] for b in status["backends"]]
     backend_rows = "".join(f"<tr>{cells(row)}</tr>" for row in backend_columns)
     pool_rows = "".join(f"<tr>{cells([p[c] for c in pool_columns])}</tr>" for p in status["pools"])
     gpu_columns = ["backend", "source", "total_bytes", "models", "other_processes_bytes", "reserved_bytes",
@@ -269,7 +276,8 @@ def status_html(status: dict[str, Any]) -> str:
         "<!doctype html><html><head><meta charset='utf-8'><title>kvgate status</title>"
         "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:left}</style></head><body>"
         f"<h1>kvgate {html.escape(status['version'])}</h1><p>up {status['uptime_s']} s</p>"
-        f"<h2>Backends</h2><table><tr>{cells(['name', 'kind', 'url', 'models', 'last error', 'notes'], 'th')}</tr>"
+        "<h2>Backends</h2><table>"
+        f"<tr>{cells(['name', 'kind', 'url', 'models', 'routing', 'last error', 'notes'], 'th')}</tr>"
         f"{backend_rows}</table>"
         f"<h2>KV pools</h2><table><tr>{cells(pool_columns, 'th')}</tr>{pool_rows}</table>"
         f"<h2>GPUs</h2><table><tr>{cells(gpu_columns, 'th')}</tr>{gpu_rows}</table>"
@@ -278,6 +286,16 @@ def status_html(status: dict[str, Any]) -> str:
         f"<table><tr>{cells(['backend', 'model', 'truncations'], 'th')}</tr>{count_rows}</table>"
         f"<h3>Latest</h3><table><tr>{cells(event_columns, 'th')}</tr>{event_rows}</table></body></html>"
     )
+
+
+def _out_cell(routing: dict[str, Any] | None) -> str:
+    """"out for 12.5 s (reason); 3 outages", "in; 1 outage", or "" without routing state."""
+    if routing is None:
+        return ""
+    outages = f"{routing['outages']} outage{'' if routing['outages'] == 1 else 's'}"
+    if routing.get("out_for_s") is None:
+        return f"in; {outages}"
+    return f"out for {routing['out_for_s']} s ({routing.get('out_reason') or ''}); {outages}"
 
 
 def _gpu_cell(gpu: dict[str, Any], column: str) -> Any:

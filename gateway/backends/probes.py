@@ -30,6 +30,7 @@ class BackendProbes:
         self._ollama: dict[str, OllamaProber] = {}
         self._llama: dict[str, LlamaServerProber] = {}
         self._vram: dict[str, VramSource] = dict(vram_sources or {})
+        self._listed: dict[str, tuple[str, ...]] = {}
 
     async def profile(self, backend: Backend, model: str) -> ModelProfile:
         """The model's profile as the backend serves it; raises ProbeError when the backend can't tell."""
@@ -74,15 +75,21 @@ class BackendProbes:
 
     async def loaded_models(self, backend: Backend, *, join_running: bool = False) -> list[LoadedModel]:
         """Ollama: every model /api/ps shows loaded now; with ``join_running`` a read in flight will do."""
-        return await self._ollama_prober(backend).loaded(join_running=join_running)
+        loaded = await self._ollama_prober(backend).loaded(join_running=join_running)
+        self._listed[backend.name] = tuple(model.name for model in loaded)
+        return loaded
+
+    def last_loaded(self, backend: str) -> tuple[str, ...] | None:
+        """Ollama: the models the last /api/ps kvgate read from ``backend`` listed (any read, for any purpose: a
+        pool probe, a load decision, the status page); None before the first. No I/O."""
+        return self._listed.get(backend)
 
     async def loaded_model(
         self, backend: Backend, model: str, *, join_running: bool = True
     ) -> LoadedModel | None:
         """Ollama: the model as /api/ps shows it loaded now (size, size_vram, context), None when not loaded; with
         ``join_running`` a read in flight will do (a burst of /kvgate/fit requests reads /api/ps once)."""
-        prober = self._ollama_prober(backend)
-        return next((loaded for loaded in await prober.loaded(join_running=join_running)
+        return next((loaded for loaded in await self.loaded_models(backend, join_running=join_running)
                      if same_model(loaded.name, model)), None)
 
     async def loaded_context(self, backend: Backend, model: str) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +15,7 @@ import aiohttp
 from gateway.check.backend_log import LogSettings, parse_backend_log
 from gateway.check.bundle import bundle_files, write_bundle
 from gateway.check.diagnose import diagnose
-from gateway.check.gather import Answers, read_backend
+from gateway.check.gather import Answers, longest_seen, read_backend
 from gateway.check.host import read_host
 from gateway.check.readings import BackendReadings, HostReadings, Known, Readings, unknown
 from gateway.check.render import EXIT_CANNOT_CHECK, exit_code, render_json, render_text
@@ -35,6 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel-log", type=Path, help="read OOM-killer lines from this file instead of dmesg")
     parser.add_argument("--prompt-tokens", type=int, metavar="N",
                         help="the longest prompt your clients send, in tokens (else taken from --log or /slots)")
+    parser.add_argument("--gateway", metavar="URL",
+                        help="a running kvgate: the longest prompts it has counted (its /kvgate/status; the admin "
+                             "key from --admin-key or KVGATE_ADMIN_KEY)")
+    parser.add_argument("--admin-key", help="kvgate's admin key for --gateway (default: $KVGATE_ADMIN_KEY)")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--report", type=Path, metavar="PATH",
                         help="write a support bundle (a directory, or PATH.tar.gz) with secrets scrubbed")
@@ -51,11 +56,14 @@ def check_settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
-def _longest(args: argparse.Namespace, log: LogSettings, backends: list[BackendReadings]) -> Known[int]:
+def _longest(args: argparse.Namespace, log: LogSettings, backends: list[BackendReadings],
+             seen: tuple[int, str] | None = None) -> Known[int]:
     if args.prompt_tokens:
         return Known(args.prompt_tokens, "--prompt-tokens")
     in_slots = [s.n_tokens for b in backends for s in b.slots if s.n_tokens]
     candidates = [(log.longest_prompt_tokens, "--log"), (max(in_slots, default=None), "/slots now")]
+    if seen is not None:
+        candidates.append(seen)
     best = max(((n, where) for n, where in candidates if n), default=None)
     return Known(best[0], best[1]) if best else unknown()
 
@@ -69,8 +77,10 @@ async def gather(
     answers = Answers()
     async with aiohttp.ClientSession() as session:
         backends = [await read_backend(session, config, log, answers) for config in settings.backends]
+        seen = await longest_seen(session, args.gateway, args.admin_key or os.environ.get("KVGATE_ADMIN_KEY")) \
+            if args.gateway else None
     readings = Readings(backends=tuple(backends), host=host, log_matches=matches,
-                        logs_read=tuple(str(p) for p in args.log), longest_prompt=_longest(args, log, backends))
+                        logs_read=tuple(str(p) for p in args.log), longest_prompt=_longest(args, log, backends, seen))
     return readings, answers, [m.line for m in matches]
 
 

@@ -4,6 +4,7 @@ the problem becomes part of the readings."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -103,3 +104,26 @@ async def read_backend(
     except (ProfileError, ValueError) as exc:
         return replace(base, problem=f"backend '{config.name}' answered something unreadable: {exc}")
     return replace(base, notes=("an OpenAI-style server reports no memory settings",))
+
+
+async def longest_seen(session: aiohttp.ClientSession, gateway: str, admin_key: str | None) -> tuple[int, str] | None:
+    """The longest prompt a running kvgate has counted (``longest_prompts`` of its ``/kvgate/status``), and where;
+    None when it can't be read (it says why on stderr) or has counted none yet."""
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+    url = f"{gateway.rstrip('/')}/kvgate/status"
+    try:
+        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as response:
+            if response.status != 200:
+                print(f"kvgate: {url} answered {response.status} (an admin key: --admin-key or KVGATE_ADMIN_KEY)",
+                      file=sys.stderr)
+                return None
+            status = await response.json()
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        print(f"kvgate: could not read {url}: {exc or type(exc).__name__}", file=sys.stderr)
+        return None
+    rows = [row for row in status.get("longest_prompts", []) if isinstance(row.get("tokens"), int)]
+    if not rows:
+        return None
+    top = max(rows, key=lambda row: row["tokens"])
+    where = f"counted by kvgate at {gateway} ({top.get('backend')}, model '{top.get('model') or '-'}')"
+    return top["tokens"], where

@@ -54,6 +54,7 @@ from gateway.admission.loads import LoadCounts
 from gateway.admission.outcome import AdmissionOutcome, decision_labels
 from gateway.fitting.summaries import Summaries
 from gateway.observability.decisions import DecisionLog
+from gateway.observability.prompts_seen import LongestPrompts
 from gateway.observability.tenant_usage import UNIDENTIFIED, TenantUsage
 from gateway.observability.truncations import TruncationLog
 from gateway.text import safe_text
@@ -192,6 +193,7 @@ class Metrics:
                                    ["backend", "model"], registry=self.registry)
         self.truncation_log = TruncationLog()
         self.recent_decisions = DecisionLog()  # the status page's "recent decisions"
+        self.longest_prompts = LongestPrompts()  # per backend and model, for kvgate check --gateway
         self.config_reloads = Counter("kvgate_config_reloads", "Configuration reloads (SIGHUP, POST /kvgate/reload)",
                                       ["outcome"], registry=self.registry)
         for outcome in ("ok", "refused"):

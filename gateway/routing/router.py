@@ -3,7 +3,9 @@
 
 For a request whose model several backends serve, ``Router.plan`` reads what each looks like now (read-only: the
 pool directory's known pools, the ledger's snapshot and the waiting room's queue length; a llama-server not probed
-yet gets ``routing.probe_wait_s`` to answer /props) and returns a ``RoutePlan``: the backends in the order to try.
+yet gets ``routing.probe_wait_s`` to answer /props; an Ollama model is resident while the last /api/ps kvgate read
+lists it, and where it is not, ``Admitter.load_preview`` says what loading it would take: nothing to unload, idle
+models to unload, or no load now) and returns a ``RoutePlan``: the backends in the order to try.
 Requests routed but not admitted yet are counted against their backend (``pending``), so a burst that arrives
 before any of it reserves spreads instead of piling onto the first backend. A backend that fails before anything
 reached the client is taken out (``failed``) and the request moves to the next one, through admission there.
@@ -22,13 +24,14 @@ from prometheus_client.registry import Collector
 
 from gateway.admission import PoolSpec
 from gateway.admission.admit import Admitter
+from gateway.admission.load_preview import LoadPreview, PreviewVerdict
 from gateway.admission.types import PoolKey
 from gateway.backends import Backend
 from gateway.config_routing import RoutingConfig
 from gateway.domain import BackendKind, ParsedRequest
 from gateway.errors import GatewayError
 from gateway.routing.outages import Outages
-from gateway.routing.rank import CandidateView, Ranked, rank
+from gateway.routing.rank import CandidateView, LoadCost, Ranked, rank
 from gateway.routing.sticky import StickyMap, conversation_key
 from gateway.tokens.request_count import prompt_bytes
 
@@ -145,9 +148,9 @@ class Router:
             return RoutePlan(self, [(backends[0], only)], None, need, config)
         self.sticky.configure(max_entries=config.sticky_entries, ttl_s=config.sticky_ttl_s)
         key = conversation_key(parsed) if config.sticky else None
-        pools = await asyncio.gather(*(self._pool(backend, parsed.model, config) for backend in backends))
+        looks = await asyncio.gather(*(self._look(backend, parsed.model, config) for backend in backends))
         # from here to the hold, nothing awaits: the next request's ranking sees this one on its way
-        views = [self._view(backend, pool, need) for backend, pool in zip(backends, pools, strict=True)]
+        views = [self._view(backend, look, need) for backend, look in zip(backends, looks, strict=True)]
         by_name = {backend.name: backend for backend in backends}
         ranked = rank(views, sticky=self.sticky.get(key) if key is not None else None)
         plan = RoutePlan(self, [(by_name[entry.name], entry) for entry in ranked], key, need, config)
@@ -157,15 +160,26 @@ class Router:
     def failed(self, backend: str, reason: str, config: RoutingConfig) -> None:
         self.outages.failed(backend, reason, down_s=config.down_s, max_down_s=config.max_down_s)
 
-    def _view(self, backend: Backend, pool: PoolSpec | None, need_tokens: int) -> CandidateView:
+    def status(self, backend: str) -> dict[str, object]:
+        """The backend's routing state for the status page: seconds it stays out (None: in), why, how many times it
+        was taken out and how many requests moved on from it since start."""
+        outage = self.outages.current().get(backend)
+        return {
+            "out_for_s": None if outage is None else round(max(0.0, outage.out_until_s - self.now()), 1),
+            "out_reason": None if outage is None else outage.reason,
+            "outages": self.outages.outages_total.get(backend, 0),
+            "retries": self.retries_total.get(backend, 0),
+        }
+
+    def _view(self, backend: Backend, look: _Look, need_tokens: int) -> CandidateView:
         out = self.outages.is_out(backend.name)
         pending = self.pending.get(backend.name, _Pending())
-        if pool is None:  # admission off, or not probed: requests on their way there are its queue
-            resident = backend.kind is not BackendKind.OLLAMA
-            return CandidateView(backend.name, resident=resident, out=out, need_tokens=need_tokens,
-                                 queue_length=pending.requests)
+        pool = look.pool
+        if pool is None:  # admission off, not probed, or not loaded: requests on their way there are its queue
+            return CandidateView(backend.name, resident=look.resident, out=out, need_tokens=need_tokens,
+                                 queue_length=pending.requests, load=look.load)
         room = self._admitter.room
-        snapshot = room.ledger.snapshot(PoolKey(pool.backend, pool.model))
+        snapshot = room.pool_snapshot(PoolKey(pool.backend, pool.model))  # with the other replicas' (shared)
         return CandidateView(
             backend.name, resident=True, out=out, unified=pool.unified, need_tokens=need_tokens,
             free_tokens=pool.pool_tokens - snapshot.reserved_tokens - pending.tokens,
@@ -173,16 +187,58 @@ class Router:
             queue_length=room.queue_length(pool.key),
         )
 
-    async def _pool(self, backend: Backend, model: str | None, config: RoutingConfig) -> PoolSpec | None:
-        """The backend's pool for ``model`` when kvgate knows it (an Ollama model's only once resident: probing it
-        would load it); a llama-server or configured server not probed yet gets ``probe_wait_s``."""
-        name = "" if backend.kind is not BackendKind.OLLAMA else (backend.listed_name(model or "") or model or "")
+    async def _look(self, backend: Backend, model: str | None, config: RoutingConfig) -> _Look:
+        """What the backend looks like for ``model``: its pool when kvgate knows it (a llama-server or configured
+        server not probed yet gets ``probe_wait_s``); an Ollama model's only while resident (probing it would load
+        it), else what loading it would take (``Admitter.load_preview``, within ``probe_wait_s``)."""
+        if backend.kind is not BackendKind.OLLAMA:
+            known = self._admitter.known_pools().get((backend.name, ""))
+            if known is not None or self.outages.is_out(backend.name):
+                return _Look(known)
+            with contextlib.suppress(GatewayError, TimeoutError):
+                return _Look(await asyncio.wait_for(self._admitter.pool_for(backend, ""), config.probe_wait_s))
+            return _Look(None)
+        name = backend.listed_name(model or "") or model or ""
         known = self._admitter.known_pools().get((backend.name, name))
-        if known is not None or backend.kind is BackendKind.OLLAMA or self.outages.is_out(backend.name):
-            return known
-        with contextlib.suppress(GatewayError, TimeoutError):
-            return await asyncio.wait_for(self._admitter.pool_for(backend, name), config.probe_wait_s)
-        return None
+        if known is not None:
+            if not self._evicted(backend, known):
+                return _Look(known)
+            self._admitter.model_may_have_reloaded(backend, name)  # its next request loads it through the gate
+        if self.outages.is_out(backend.name):
+            return _Look(None, resident=False)
+        with contextlib.suppress(TimeoutError):
+            preview = await asyncio.wait_for(self._admitter.load_preview(backend, name), config.probe_wait_s)
+            if preview.verdict is PreviewVerdict.RESIDENT:
+                return _Look(None)
+            return _Look(None, resident=False, load=_load_cost(preview))
+        return _Look(None, resident=False)
+
+    def _evicted(self, backend: Backend, pool: PoolSpec) -> bool:
+        """A pool kvgate probed whose model the last /api/ps no longer lists (Ollama unloaded it since: idle past
+        its keep_alive, or evicted for another model), with nothing of kvgate's running on it."""
+        if self._admitter.resident(backend, pool.model) is not False:
+            return False
+        return self._admitter.room.ledger.snapshot(PoolKey(pool.backend, pool.model)).active_sequences == 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Look:
+    """One backend as ``Router._look`` found it: its pool (None: unknown), whether the model is resident, and for a
+    model that is not, what loading it would take (None: unknown)."""
+
+    pool: PoolSpec | None
+    resident: bool = True
+    load: LoadCost | None = None
+
+
+def _load_cost(preview: LoadPreview) -> LoadCost | None:
+    if preview.verdict is PreviewVerdict.FITS:
+        return LoadCost()
+    if preview.verdict is PreviewVerdict.EVICTS:
+        return LoadCost(evict_bytes=preview.evict_bytes, evict_models=len(preview.evict_models))
+    if preview.verdict is PreviewVerdict.CANNOT:
+        return LoadCost(possible=False)
+    return None
 
 
 class RouteCollector(Collector):

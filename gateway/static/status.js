@@ -172,7 +172,19 @@ function render(status) {
   fill($("decisions").tBodies[0], (status.recent || []).map(decisionRow), 8, "no decisions yet");
   fill($("backends").tBodies[0], (status.backends || []).map((b) => el("tr", {},
     el("td", {}, b.name), el("td", {}, b.kind), el("td", {}, b.url), el("td", {}, b.models.join(", ")),
-    el("td", {}, [...(b.last_error ? [b.last_error] : []), ...b.notes].join("; ")))), 5, "no backends");
+    routingCell(b.routing),
+    el("td", {}, [...(b.last_error ? [b.last_error] : []), ...b.notes].join("; ")))), 6, "no backends");
+}
+
+// A backend's routing state: "out for 12.5 s" after it failed (the reason in its title), and its outages so far.
+function routingCell(routing) {
+  if (!routing) return el("td", {}, "");
+  const outages = routing.outages + (routing.outages === 1 ? " outage" : " outages");
+  if (routing.out_for_s === null || routing.out_for_s === undefined) {
+    return el("td", { class: "nowrap" }, routing.outages ? "in · " + outages : "in");
+  }
+  return el("td", { class: "nowrap problem", title: routing.out_reason || "" },
+    "out for " + routing.out_for_s + " s · " + outages);
 }
 
 // --- fetching, the key prompt, and the banner ---

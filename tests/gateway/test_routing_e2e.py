@@ -168,6 +168,13 @@ async def test_a_killed_host_loses_only_what_it_was_streaming() -> None:
             metrics = await response.text()
         assert 'kvgate_backend_out{backend="gpu0"} 1.0' in metrics
         assert 'kvgate_backend_out{backend="gpu1"} 0.0' in metrics
+        async with http.get(f"{url}/kvgate/status") as response:
+            routing = {b["name"]: b["routing"] for b in (await response.json())["backends"]}
+        print(f"status page routing: {routing}")
+        # out for down_s (30 s), doubled when a second request failed there too, up to max_down_s (120 s)
+        assert 0 < routing["gpu0"]["out_for_s"] <= 120.0 and routing["gpu0"]["outages"] >= 1
+        assert routing["gpu0"]["out_reason"]
+        assert routing["gpu1"] == {"out_for_s": None, "out_reason": None, "outages": 0, "retries": 0}
 
 
 async def _kill(runner: web.AppRunner) -> None:
