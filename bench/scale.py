@@ -2,29 +2,30 @@
 
     python -m bench.scale [--quick] [--json] [--seed N]
 
-Loopback only, one process (the simulators, the replicas and the clients share one event loop) plus one
-redis-server (Debian's package) on a free port.
+Loopback only: the replicas and the clients in this process (one event loop), the 8 simulated hosts in a second
+process, and one redis-server (Debian's package) on a free port.
 
 Hosts. 8 simulated llama-servers (``kvsim``, ``mode="llama-server"``, the default unified KV pool of 4 slots: the
 dangerous case, where one sequence that finds no free cell fails *every* active request with "Context size has been
 exceeded."): 4 with ``-c 16384`` and 4 with ``-c 8192``. Every kvgate replica has all 8 as backends of the one model
 and routes each request by free KV (gateway/routing/).
 
-The day. 24 simulated hours of four tenants, compressed into ``day_s`` real seconds (150 s; --quick 4 s), drawn from
-a seed (the same requests, at the same offsets, for every configuration):
+The day. 24 simulated hours of four tenants, compressed into ``day_s`` real seconds (180 s; --quick 5 s, a tenth of
+the requests), drawn from a seed (the same requests, at the same offsets, for every configuration):
 
-    chat    weight 2  the team's chat UI: conversations of 1-6 turns, some long (up to ~7,000 tokens), mostly
+    chat    weight 2  the team's chat UI: conversations of 1-6 turns, some long (several thousand tokens), mostly
                       streamed, half without max_tokens
     code    weight 2  an IDE assistant: short prompts, max_tokens 64-256, always streamed
     agents  weight 1  tool-using agents: long prompts (2,000-6,000 tokens), max_tokens 512, not streamed
-    batch   weight 1  a nightly-style batch job started by hand at 14:00: a flood of 900-token documents for an
-                      hour and a half, max_tokens 256, not streamed
+    batch   weight 1  a batch job started by hand at 14:00: a flood of ~1,000-token documents for an hour and a
+                      half, max_tokens 256, not streamed
 
 The interactive tenants follow a diurnal curve (a quiet night, a morning ramp, a lunch dip, a busy afternoon with
-bursts at 10:30, 14:30 and 16:15, a quiet evening); each request goes to one of the 3 replicas at random. The
-simulated GPUs run at ``time_scale`` (40x; a request holds its KV for its simulated time / 40), less than the day's
-compression (86,400 / day_s = 576x), so the day is replayed at the load of a team ~15x larger: enough that the busy
-hours and the batch job fill the 8 hosts and kvgate queues, while the night stays idle.
+bursts at 10:30, 14:30 and 16:15, a quiet evening); each request goes to one of the 3 replicas at random. The hosts
+run at ``time_scale`` 5 (prompts at 600 tokens/s, answers of 8-96 tokens at 20 tokens/s: a request holds its KV for
+about a second of real time), far less than the day's compression (86,400 / 180 = 480x), so the day is replayed at
+the load of a much larger team: enough that the busy hours and the batch job fill the 8 hosts and kvgate queues,
+while the night stays idle.
 
 Configurations, one after the other, each on fresh simulators:
 
@@ -35,11 +36,14 @@ Configurations, one after the other, each on fresh simulators:
 Measured per configuration: requests, answered (200), refused by kvgate (4xx/5xx with its error code), backend
 out-of-memory (an answer or stream event carrying "Context size has been exceeded."); tenants' shares of the tokens
 kvgate reserved for them (``X-Kvgate-Reserved-Tokens``, what the fair queue shares) in the *contended windows*
-(15-simulated-minute windows in which at least 5 requests queued), against their weighted max-min fair share
-(``bench.fair_sim.max_min_fair`` of what each asked in the window, per window, summed); and the latency kvgate
-adds to a request that did not wait: for a streamed request admitted without queueing (``X-Kvgate-Queue-Wait:
-0.000``), the time to its response headers minus the simulator's own time to the first token (its ``timings``:
-prompt processing plus one token, scaled), median and p99.
+(one backend's pool for 15 simulated minutes in which at least 5 of its requests queued: each pool's queue is what
+fair queueing shares), against their weighted max-min fair share
+(``bench.fair_sim.max_min_fair`` of what each asked in the window, per window, summed); and the latency kvgate adds
+to a request: after the day, ``probes`` short streamed requests (200; --quick 30) sent one at a time across the
+replicas (idle hosts, nothing queued), the time to the response headers minus the simulator's own time to the first
+token (its ``timings``: prompt processing plus one token, scaled), median and p99. Beside it, for information, the
+same difference for the day's streamed requests admitted without queueing ("loaded": it also holds the hosts' own
+lag, which grows with load), and the p99 lag of this process's event loop.
 
 Targets (the exit code is 1 if the shared ledger misses one): no backend out-of-memory with the shared ledger;
 every tenant gets >= 90% of its fair share in the contended windows; the shared ledger adds <= 5 ms to the median
@@ -63,6 +67,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -89,13 +94,14 @@ ADDED_MEDIAN_TARGET_S = 0.005
 PROMPT_TOKENS_PER_S = 600.0
 GEN_TOKENS_PER_S = 20.0
 CONFIGS = ("shared", "independent", "single")
-WORDS = tuple(
+_WORD_TEXT = (
     "the a of to and in is it that for on with as was at by be this from or have an they which one you were all "
     "we when there can more if out so what up about into than them some could time only new would other how then "
     "its like our two first also after work way even back any most where these well because over just people those "
     "data model server memory cache token request queue answer report build test deploy review merge branch commit "
-    "function class module error value result config table index query schema user team project plan week".split()
+    "function class module error value result config table index query schema user team project plan week"
 )
+WORDS = tuple(_WORD_TEXT.split())
 
 
 @dataclass(frozen=True)
@@ -170,7 +176,8 @@ def _arrivals(rng: random.Random, tenant: str, count: float) -> list[float]:
     steps = [(_rate(tenant, h / 60), h / 60) for h in range(24 * 60)]
     mass = sum(rate for rate, _ in steps) / 60
     peak = max(rate for rate, _ in steps)
-    hours, hour = [], 0.0
+    hours: list[float] = []
+    hour = 0.0
     per_hour_peak = count / mass * peak
     while True:
         hour += rng.expovariate(per_hour_peak)
@@ -438,23 +445,27 @@ class Shares:
 
 
 def shares(run: Run) -> Shares:
-    """Reserved tokens per tenant admitted in the contended windows against the max-min fair split of them: in
-    each window, what a tenant asked is what it had waiting then (arrived before the window ends, admitted after it
-    began), and the window's capacity is what was admitted in it."""
+    """Reserved tokens per tenant admitted in the contended windows against the max-min fair split of them. A window
+    is one backend's pool for 15 simulated minutes (fair queueing shares each pool's queue: a tenant alone on an
+    idle host takes all of that host, and that is no unfairness); it is contended when at least CONTENDED_QUEUED of
+    its requests queued. In each, what a tenant asked is what it had waiting there (arrived before the window ends,
+    admitted after it began), and the window's capacity is what was admitted in it."""
     width_s = run.scale.day_s / WINDOWS
     admitted = [a for a in run.answers if a.wait_s is not None]
-    queued = [0] * WINDOWS
+    queued: Counter[tuple[int, str]] = Counter()
     for a in admitted:
         if a.wait_s:
-            queued[_window(a.planned.at_s + a.wait_s, width_s)] += 1
-    contended = [w for w in range(WINDOWS) if queued[w] >= CONTENDED_QUEUED]
+            queued[(_window(a.planned.at_s + a.wait_s, width_s), a.backend)] += 1
+    contended = sorted(key for key, count in queued.items() if count >= CONTENDED_QUEUED)
     served = dict.fromkeys(TENANTS, 0)
     fair = dict.fromkeys(TENANTS, 0.0)
     weights = {name: t.weight for name, t in TENANTS.items()}
-    for window in contended:
+    for window, backend in contended:
         start_s, end_s = window * width_s, (window + 1) * width_s
         got, asked = dict.fromkeys(TENANTS, 0), dict.fromkeys(TENANTS, 0.0)
         for a in admitted:
+            if a.backend != backend:
+                continue
             admitted_s = a.planned.at_s + a.wait_s  # type: ignore[operator]
             if start_s <= admitted_s < end_s or (window == WINDOWS - 1 and admitted_s >= end_s):
                 got[a.planned.tenant] += a.reserved_tokens

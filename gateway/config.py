@@ -9,7 +9,6 @@ is allowed.
 from __future__ import annotations
 
 import difflib
-import hashlib
 import re
 import typing
 from collections.abc import Mapping
@@ -35,147 +34,43 @@ from pydantic_settings import (
 )
 from yarl import URL
 
-from gateway.config_base import _Strict
+from gateway.config_admission import AdmissionConfig
+from gateway.config_backends import (
+    DEFAULT_BACKEND_URL,
+    BackendSettings,
+    FirstBackendOverrides,
+    Timeouts,
+    _existing_file,
+)
+from gateway.config_base import _Strict, _usable_key
 from gateway.config_fitting import FittingOverrides, FittingSettings
 from gateway.config_residency import ResidencyConfig
 from gateway.config_routing import RoutingConfig
 from gateway.config_shared import SharedLedgerConfig
-from gateway.domain import BackendKind
-from gateway.memory.kv import CacheType, parse_cache_type
-from gateway.memory.vram import parse_size
+from gateway.config_tenants import ANONYMOUS_TENANT, TenantSettings, sha256_hex
+
+__all__ = [  # the tenants' and admission's settings live in their own modules; these names are kvgate's settings API
+    "ANONYMOUS_TENANT",
+    "DEFAULT_BACKEND_URL",
+    "AdmissionConfig",
+    "BackendSettings",
+    "ConfigError",
+    "FirstBackendOverrides",
+    "Settings",
+    "TenantSettings",
+    "Timeouts",
+    "load_settings",
+    "sha256_hex",
+]
 
 DEFAULT_PORT = 11435
 """kvgate listens next to Ollama's 11434 by default, so clients change one digit."""
 
-DEFAULT_BACKEND_URL = "http://127.0.0.1:11434"
 _TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_SHA256_HEX = re.compile(r"[0-9A-Fa-f]{64}")
-ANONYMOUS_TENANT = "anonymous"
-"""``[tenants.anonymous]``: the policy of requests without a key (and, if it allows them, with an unknown one)."""
 
 
 class ConfigError(Exception):
     """Raised when a setting is invalid; the message names the setting, the value and what is allowed."""
-
-
-def _usable_key(value: SecretStr | None) -> SecretStr | None:
-    """A key that is empty or whitespace (an unset template variable) would open what it guards, and one with
-    surrounding whitespace (a newline from a key file) can never be presented: both are refused."""
-    if value is None:
-        return None
-    secret = value.get_secret_value()
-    if not secret.strip():
-        raise ValueError("must not be empty or only whitespace (an unset variable?); set a key or remove the setting")
-    if secret != secret.strip():
-        raise ValueError("must not begin or end with whitespace (a newline from a key file?); no client can send it")
-    return value
-
-
-def _server_root(value: str) -> str:
-    url = URL(value)
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError("must be an http:// or https:// URL with a host, like http://127.0.0.1:11434")
-    if url.path not in ("", "/") or url.query_string or url.fragment:
-        raise ValueError("must be the server's root, with no path, query or fragment (kvgate appends each "
-                         "request's own path), like http://127.0.0.1:11434")
-    return str(url).rstrip("/")
-
-
-def _existing_file(value: Path | None) -> Path | None:
-    if value is not None and not value.expanduser().is_file():
-        raise ValueError(f"no such file: {value}; fix the path or remove the setting")
-    return value
-
-
-
-
-class Timeouts(_Strict):
-    """How long to wait for a backend, in seconds."""
-
-    connect_s: float = Field(default=5.0, gt=0)
-    first_byte_s: float = Field(
-        default=600.0, gt=0, description="until response headers; covers model loads and queues"
-    )
-    idle_s: float = Field(default=300.0, gt=0, description="between two chunks of a response")
-
-
-class BackendSettings(_Strict):
-    """One LLM server behind the gateway."""
-
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    kind: BackendKind = BackendKind.OLLAMA
-    url: str = DEFAULT_BACKEND_URL
-    api_key: SecretStr | None = None
-    timeouts: Timeouts = Timeouts()
-    parallel: int | None = Field(
-        default=None, ge=1, le=256, description="sequences per model: OLLAMA_NUM_PARALLEL or llama-server -np"
-    )
-    unified_kv: bool | None = Field(default=None, description="llama-server: one KV pool shared by all slots")
-    context_tokens: int | None = Field(
-        default=None, ge=256,
-        description="Ollama: the num_ctx kvgate loads models with (a loaded model's own context wins); openai: "
-        "the context per sequence (with parallel, it turns admission on)",
-    )
-    cache_type_k: CacheType = CacheType.F16
-    cache_type_v: CacheType = CacheType.F16
-    gguf_path: Path | None = Field(default=None, description="llama-server: the model file, for its metadata")
-    vram: str | None = Field(
-        default=None, description="'nvml', an exporter URL (dcgm-exporter or nvidia_gpu_exporter), or a size like "
-        "'24GiB'"
-    )
-    vram_refresh_s: float = Field(default=2.0, gt=0)
-    max_loaded_models: int | None = Field(
-        default=None, ge=1, description="Ollama: its OLLAMA_MAX_LOADED_MODELS; unset: Ollama's default, 3 per GPU",
-    )
-
-    @field_validator("cache_type_k", "cache_type_v", mode="before")
-    @classmethod
-    def _cache_type(cls, value: object) -> object:
-        return parse_cache_type(value) if isinstance(value, str) else value
-
-    @field_validator("vram")
-    @classmethod
-    def _vram(cls, value: str | None) -> str | None:
-        if value is None or value == "nvml" or value.startswith(("http://", "https://")):
-            return value
-        if value.strip().lower() == "sim":
-            raise ValueError("'sim' is no longer a VRAM source: point vram at the simulator's GPU exporter, like "
-                             "any exporter URL: vram = \"http://127.0.0.1:11434/sim/metrics\" (kvgate sim's address)")
-        parse_size(value)
-        return value
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        return _server_root(value)
-
-    @field_validator("api_key")
-    @classmethod
-    def _api_key(cls, value: SecretStr | None) -> SecretStr | None:
-        return _usable_key(value)
-
-    @field_validator("gguf_path")
-    @classmethod
-    def _gguf_file(cls, value: Path | None) -> Path | None:
-        return _existing_file(value)
-
-
-class FirstBackendOverrides(_Strict):
-    """The first backend's settings, over those of the file: how a container is pointed at its server from the
-    environment (``KVGATE_BACKEND__URL=http://ollama:11434``) and kept in step with it (``KVGATE_BACKEND__PARALLEL``
-    from the same variable as ``OLLAMA_NUM_PARALLEL``). Each one set replaces that field of ``backends[0]``."""
-
-    url: str | None = Field(default=None, description="the first backend's url (in a container, never 127.0.0.1: "
-                            "that is the container itself)")
-    kind: BackendKind | None = Field(default=None, description="the first backend's kind")
-    parallel: int | None = Field(default=None, ge=1, le=256, description="the first backend's parallel")
-    context_tokens: int | None = Field(default=None, ge=256, description="the first backend's context_tokens")
-    vram: str | None = Field(default=None, description="the first backend's vram source")
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        return None if value is None else _server_root(value)
 
 
 class ServerSettings(_Strict):
@@ -279,107 +174,6 @@ class CountingConfig(_Strict):
     exact_count_max_bytes: ByteSize = Field(
         default=ByteSize(4 * 1024 * 1024), ge=0,
         description="a prompt over this many UTF-8 bytes is estimated (flagged), never run through a tokenizer",
-    )
-
-
-class TenantSettings(_Strict):
-    """A team or a client: its API keys and its caps. Requests carry a key as ``Authorization: Bearer`` or
-    ``X-Api-Key``. ``[tenants.anonymous]`` (no keys) is the policy of requests without a key."""
-
-    api_keys: tuple[SecretStr, ...] = ()
-    api_key_sha256: tuple[SecretStr, ...] = Field(
-        default=(), description="keys stored hashed: each key's sha256 as 64 hex digits (printf %s KEY | sha256sum)",
-    )
-    max_active: int | None = Field(default=None, ge=1, description="sequences at once, per model")
-    max_pool_share: int | float | None = Field(
-        default=None, description="tokens its sequences may hold at once in each model's KV pool, on top of "
-        "max_active: a fraction of the pool (a float in (0, 1], e.g. 0.25) or a number of tokens (an integer >= 1); "
-        "more waits, and one request that alone needs more is refused (400)",
-    )
-    max_prompt_tokens: int | None = Field(default=None, ge=1)
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    tokens_per_minute: int | None = Field(
-        default=None, ge=1, description="prompt + output tokens per minute (output settled from the reported "
-        "usage); over it: 429 with Retry-After",
-    )
-    requests_per_minute: int | None = Field(default=None, ge=1, description="over it: 429 with Retry-After")
-    priority: int = Field(default=0, description="higher is served first from the queue")
-    weight: float = Field(
-        default=1.0, gt=0, le=1000, description="within one priority, the queue serves tenants' reserved tokens in "
-        "proportion to their weights (admission.queue_order = \"fair\"): 2 gets twice the tokens of 1 when both wait",
-    )
-    allow_unknown_keys: bool = Field(
-        default=False, description="[tenants.anonymous] only: a key no tenant has runs as anonymous instead of a 401",
-    )
-    fitting: FittingOverrides = FittingOverrides()
-
-    @field_validator("api_keys")
-    @classmethod
-    def _keys(cls, value: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
-        for index, key in enumerate(value):
-            try:
-                _usable_key(key)
-            except ValueError as exc:
-                raise ValueError(f"key {index + 1} of {len(value)} {exc}") from None
-        return value
-
-    @field_validator("max_pool_share", mode="before")
-    @classmethod
-    def _pool_share(cls, value: object) -> object:
-        fraction = isinstance(value, float) and 0.0 < value <= 1.0
-        tokens = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-        if value is not None and not (fraction or tokens):
-            raise ValueError(f"is {value!r}; give a fraction of the pool in (0, 1] such as 0.25, or a number of "
-                             "tokens (an integer, at least 1)")
-        return value
-
-    @field_validator("api_key_sha256")
-    @classmethod
-    def _digests(cls, value: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
-        for index, digest in enumerate(value):
-            if not _SHA256_HEX.fullmatch(digest.get_secret_value()):
-                raise ValueError(f"digest {index + 1} of {len(value)} is not 64 hex digits; store a key's sha256, "
-                                 "made with: printf %s \"$KEY\" | sha256sum (the digits before the '-')")
-        return tuple(SecretStr(digest.get_secret_value().lower()) for digest in value)
-
-    def digests(self) -> list[str]:
-        """Every key of this tenant as a lowercase sha256 hex digest: its plain keys hashed, then its stored ones."""
-        return [sha256_hex(key.get_secret_value()) for key in self.api_keys] + [
-            digest.get_secret_value() for digest in self.api_key_sha256
-        ]
-
-
-def sha256_hex(key: str) -> str:
-    """The digest ``api_key_sha256`` stores for a key: sha256 of its UTF-8 bytes, lowercase hex."""
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-class AdmissionConfig(_Strict):
-    """What kvgate does before forwarding (gateway/admission): reserve KV, pin num_ctx, clamp, queue or refuse."""
-
-    enabled: bool = True
-    default_output_tokens: int = Field(default=1024, ge=1, description="reserved when a client sets no limit")
-    estimate_margin: float = Field(default=0.10, ge=0, le=1, description="extra share reserved for estimated counts")
-    pin_num_ctx: bool = True
-    clamp_output: bool = True
-    on_too_long: Literal["trim", "reject"] = Field(
-        default="trim", description="a chat too long for the context: drop its oldest history, or refuse it"
-    )
-    max_queue: int = Field(default=256, ge=0)
-    queue_timeout_s: float = Field(default=120.0, gt=0)
-    per_tenant_max_active: int | None = Field(default=None, ge=1)
-    overtake_window_s: float = Field(default=5.0, ge=0)
-    queue_order: Literal["fair", "arrival"] = Field(
-        default="fair", description="within one priority: 'fair' shares reserved tokens between tenants by their "
-        "weight (one tenant's flood does not hold the others back); 'arrival' is first come, first served",
-    )
-    pool_refresh_s: float = Field(default=5.0, gt=0, description="how long a backend's slot layout is reused")
-    probe_wait_s: float = Field(
-        default=10.0, gt=0, description="how long requests wait for a backend's KV layout before a 503"
-    )
-    default_context_tokens: int = Field(default=4096, ge=256, description="Ollama context when nothing says")
-    max_auto_context_tokens: int = Field(
-        default=32768, ge=256, description="Ollama: the largest context kvgate picks itself from free VRAM"
     )
 
 

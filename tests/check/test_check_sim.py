@@ -147,29 +147,26 @@ async def test_unified_pool_overrun_from_the_simulator_is_its_signature(capsys: 
     ``kvgate check --error`` must name, with the fix."""
     words = " ".join(f"w{i}" for i in range(1500))
     body = {"model": "m", "max_tokens": 1500, "messages": [{"role": "user", "content": words}]}
-    async with running_sim(sim(mode="llama-server", ctx_size=8192)) as url:
-        async with aiohttp.ClientSession(url) as session:
-            answers = await asyncio.gather(*(post(session, "/v1/chat/completions", body) for _ in range(4)))
-    errors = [json.dumps(answer) for status, answer in answers if status == 500]
-    assert errors, answers
-    _, found = await check(capsys, "--backend", f"llama-server={url}", "--error", errors[0])
+    async with running_sim(sim(mode="llama-server", ctx_size=8192)) as url, aiohttp.ClientSession(url) as session:
+        answers = await asyncio.gather(*(post(session, "/v1/chat/completions", body) for _ in range(4)))
+        errors = [json.dumps(answer) for status, answer in answers if status == 500]
+        assert errors, answers
+        _, found = await check(capsys, "--backend", f"llama-server={url}", "--error", errors[0])
     assert "signature:unified_pool_exceeded" in found, errors[0]
 
 
 async def test_the_longest_prompt_comes_from_a_running_kvgate(capsys: pytest.CaptureFixture[str]) -> None:
     """``--gateway``: the prompts kvgate counted stand in for --prompt-tokens; a 6,000-token prompt against a model
     loaded at 4,096 tokens is a finding."""
-    async with running_sim(sim()) as url:
-        async with running_gateway([{"name": "sim", "kind": "ollama", "url": url}],
-                                   server={"admin_key": "admin-key-for-the-check"}) as gateway:
-            chat = {"model": "llama3.1:8b", "stream": False, "options": {"num_ctx": 8192},
-                    "messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(6000))}]}
-            async with aiohttp.ClientSession() as http:
-                async with http.post(f"{gateway}/api/chat", json=chat) as response:
-                    assert response.status == 200, await response.text()
-            assert (await load(url, "llama3.1:8b", 4096))[0] == 200  # reloaded smaller behind kvgate's back
-            _, found = await check(capsys, "--backend", f"ollama={url}", "--gateway", gateway,
-                                   "--admin-key", "admin-key-for-the-check")
+    async with running_sim(sim()) as url, running_gateway([{"name": "sim", "kind": "ollama", "url": url}],
+                               server={"admin_key": "admin-key-for-the-check"}) as gateway:
+        chat = {"model": "llama3.1:8b", "stream": False, "options": {"num_ctx": 8192},
+                "messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(6000))}]}
+        async with aiohttp.ClientSession() as http, http.post(f"{gateway}/api/chat", json=chat) as response:
+            assert response.status == 200, await response.text()
+        assert (await load(url, "llama3.1:8b", 4096))[0] == 200  # reloaded smaller behind kvgate's back
+        _, found = await check(capsys, "--backend", f"ollama={url}", "--gateway", gateway,
+                               "--admin-key", "admin-key-for-the-check")
     assert "longest_prompt_unknown" not in found
     assert "prompt_exceeds_context" in found, sorted(found)
     assert "counted by kvgate" in json.dumps(found["prompt_exceeds_context"])
