@@ -57,203 +57,45 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import multiprocessing
 import random
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 import aiohttp
 import orjson
 
-from bench.fair_sim import max_min_fair
 from bench.overhead import _free_port
+from bench.scale_report import Summary, misses, render, summarise, summary_json
+from bench.scale_workload import (
+    CONFIGS,
+    CONTEXT_EXCEEDED,
+    FULL,
+    GEN_TOKENS_PER_S,
+    HOST_CONTEXTS,
+    MODEL,
+    PROMPT_TOKENS_PER_S,
+    QUICK,
+    TENANTS,
+    Answer,
+    Planned,
+    Run,
+    Scale,
+    _text,
+    key_of,
+    workload,
+)
 from gateway.app import create_app, start_server
 from gateway.config import load_settings
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
-
-MODEL = "llama3.1:8b"
-CONTEXT_EXCEEDED = "Context size has been exceeded."
-HOST_CONTEXTS = (16384,) * 4 + (8192,) * 4
-SIM_DAY_S = 86_400.0
-WINDOWS = 96  # 15 simulated minutes each
-CONTENDED_QUEUED = 5  # queued requests that make a window contended
-SHARE_TARGET = 0.90
-ADDED_MEDIAN_TARGET_S = 0.005
-PROMPT_TOKENS_PER_S = 600.0
-GEN_TOKENS_PER_S = 20.0
-CONFIGS = ("shared", "independent", "single")
-_WORD_TEXT = (
-    "the a of to and in is it that for on with as was at by be this from or have an they which one you were all "
-    "we when there can more if out so what up about into than them some could time only new would other how then "
-    "its like our two first also after work way even back any most where these well because over just people those "
-    "data model server memory cache token request queue answer report build test deploy review merge branch commit "
-    "function class module error value result config table index query schema user team project plan week"
-)
-WORDS = tuple(_WORD_TEXT.split())
-
-
-@dataclass(frozen=True)
-class Tenant:
-    weight: float
-    per_day: float  # requests in the day at scale 1.0 (before the curve's shape)
-    stream: float  # fraction streamed
-
-
-TENANTS: dict[str, Tenant] = {
-    "chat": Tenant(2.0, 500, 0.85),
-    "code": Tenant(2.0, 500, 1.0),
-    "agents": Tenant(1.0, 150, 0.0),
-    "batch": Tenant(1.0, 300, 0.0),
-}
-HOURLY = (0.02, 0.02, 0.02, 0.02, 0.02, 0.03, 0.05, 0.15, 0.45, 0.85, 1.0, 1.0,
-          0.55, 0.8, 1.1, 1.15, 1.05, 0.75, 0.4, 0.2, 0.12, 0.08, 0.05, 0.03)
-"""The interactive tenants' rate per hour of the day, relative to the busiest hours."""
-BURSTS_H = ((10.5, 0.25), (14.5, 0.25), (16.25, 0.25))
-"""(start hour, length in hours): the rate triples (a meeting ends, a demo, a release)."""
-BATCH_H = (14.0, 15.5)
-
-
-@dataclass(frozen=True)
-class Scale:
-    day_s: float  # real seconds the simulated day takes
-    time_scale: float  # the simulators' simulated seconds per real second
-    volume: float  # times TENANTS' per_day
-    queue_timeout_s: float
-    probes: int  # streamed requests sent one at a time after the day, for the added latency
-
-
-FULL = Scale(day_s=180.0, time_scale=5.0, volume=1.0, queue_timeout_s=60.0, probes=200)
-QUICK = Scale(day_s=5.0, time_scale=5.0, volume=0.1, queue_timeout_s=20.0, probes=30)
-
-
-@dataclass(frozen=True)
-class Planned:
-    at_s: float  # real seconds from the start of the day
-    tenant: str
-    replica: int  # 0..2 (the single replica takes them all)
-    messages: tuple[tuple[str, str], ...]
-    max_tokens: int | None
-    stream: bool
-
-    def body(self) -> bytes:
-        body: dict[str, Any] = {"model": MODEL, "stream": self.stream,
-                                "messages": [{"role": role, "content": text} for role, text in self.messages]}
-        if self.max_tokens is not None:
-            body["max_tokens"] = self.max_tokens
-        if self.stream:
-            body["stream_options"] = {"include_usage": True}
-        return orjson.dumps(body)
-
-
-def _text(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(words))
-
-
-def _rate(tenant: str, hour: float) -> float:
-    """Relative request rate of ``tenant`` at ``hour`` (0..24)."""
-    if tenant == "batch":
-        return 1.0 if BATCH_H[0] <= hour < BATCH_H[1] else 0.0
-    rate = HOURLY[int(hour) % 24]
-    if any(start <= hour < start + length for start, length in BURSTS_H):
-        rate *= 3.0
-    return rate
-
-
-def _arrivals(rng: random.Random, tenant: str, count: float) -> list[float]:
-    """Arrival hours of ``tenant``'s requests: a Poisson process shaped by ``_rate`` (thinning), ``count`` expected."""
-    steps = [(_rate(tenant, h / 60), h / 60) for h in range(24 * 60)]
-    mass = sum(rate for rate, _ in steps) / 60
-    peak = max(rate for rate, _ in steps)
-    hours: list[float] = []
-    hour = 0.0
-    per_hour_peak = count / mass * peak
-    while True:
-        hour += rng.expovariate(per_hour_peak)
-        if hour >= 24:
-            return hours
-        if rng.random() * peak < _rate(tenant, hour):
-            hours.append(hour)
-
-
-def _request(rng: random.Random, tenant: str) -> tuple[tuple[tuple[str, str], ...], int | None, bool]:
-    stream = rng.random() < TENANTS[tenant].stream
-    if tenant == "chat":
-        turns = rng.choice((1, 1, 2, 3, 4, 6))
-        long = rng.random() < 0.2
-        messages: list[tuple[str, str]] = [("system", "You are the team's assistant. " + _text(rng, 40))]
-        for _ in range(turns - 1):
-            messages += [("user", _text(rng, rng.randint(60, 900 if long else 250))),
-                         ("assistant", _text(rng, rng.randint(60, 500 if long else 200)))]
-        messages.append(("user", _text(rng, rng.randint(20, 400))))
-        return tuple(messages), rng.choice((None, None, 512, 1024)), stream
-    if tenant == "code":
-        return (("system", "Complete the code."), ("user", _text(rng, rng.randint(100, 900)))), \
-            rng.choice((64, 128, 256)), stream
-    if tenant == "agents":
-        return (("system", "You may call tools. " + _text(rng, 200)),
-                ("user", _text(rng, rng.randint(1600, 5000)))), 512, stream
-    return (("user", "Summarize: " + _text(rng, rng.randint(600, 900))),), 256, stream
-
-
-def workload(seed: int, scale: Scale) -> list[Planned]:
-    """The day's requests, in order of arrival; the same for a seed and scale."""
-    rng = random.Random(seed)
-    planned = []
-    for tenant, profile in TENANTS.items():
-        for hour in _arrivals(rng, tenant, profile.per_day * scale.volume):
-            messages, max_tokens, stream = _request(rng, tenant)
-            planned.append(Planned(hour / 24 * scale.day_s, tenant, rng.randrange(3), messages, max_tokens, stream))
-    return sorted(planned, key=lambda p: p.at_s)
-
-
-def key_of(tenant: str) -> str:
-    return f"scale-{tenant}-key"
-
-
-# --- one configuration ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Answer:
-    planned: Planned
-    status: int = 0
-    code: str = ""  # kvgate's error code (or the backend's error type)
-    out_of_memory: bool = False
-    wait_s: float | None = None  # X-Kvgate-Queue-Wait; None: not admitted
-    reserved_tokens: int = 0
-    ttfb_s: float = 0.0  # to the response headers
-    sim_first_token_s: float | None = None  # the simulator's own prompt + first token, real seconds
-    backend: str = ""
-
-    @property
-    def added_s(self) -> float | None:
-        """kvgate's added latency, for a streamed request admitted without waiting."""
-        if not self.planned.stream or self.status != 200 or self.wait_s != 0 or self.sim_first_token_s is None:
-            return None
-        return self.ttfb_s - self.sim_first_token_s
-
-
-@dataclass
-class Run:
-    config: str
-    scale: Scale
-    answers: list[Answer] = field(default_factory=list)
-    wall_s: float = 0.0
-    lost_races: int = 0
-    lag_ms: list[float] = field(default_factory=list)
-    probes: list[Answer] = field(default_factory=list)
 
 
 def _error_code(raw: bytes) -> str:
@@ -423,186 +265,6 @@ def _lost_races(app: Any) -> int:
     from gateway.app import SHARED
     shared = app.get(SHARED)
     return shared.lost_races_total if shared is not None else 0
-
-
-# --- the report -----------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Shares:
-    windows: int
-    served: dict[str, int]
-    fair: dict[str, float]
-
-    def share(self, tenant: str) -> float:
-        return self.served[tenant] / max(sum(self.served.values()), 1)
-
-    def fair_share(self, tenant: str) -> float:
-        return self.fair[tenant] / max(sum(self.served.values()), 1)
-
-    def of_fair(self, tenant: str) -> float:
-        return self.served[tenant] / self.fair[tenant] if self.fair[tenant] else float("nan")
-
-
-def shares(run: Run) -> Shares:
-    """Reserved tokens per tenant admitted in the contended windows against the max-min fair split of them. A window
-    is one backend's pool for 15 simulated minutes (fair queueing shares each pool's queue: a tenant alone on an
-    idle host takes all of that host, and that is no unfairness); it is contended when at least CONTENDED_QUEUED of
-    its requests queued. In each, what a tenant asked is what it had waiting there (arrived before the window ends,
-    admitted after it began), and the window's capacity is what was admitted in it."""
-    width_s = run.scale.day_s / WINDOWS
-    admitted = [a for a in run.answers if a.wait_s is not None]
-    queued: Counter[tuple[int, str]] = Counter()
-    for a in admitted:
-        if a.wait_s:
-            queued[(_window(a.planned.at_s + a.wait_s, width_s), a.backend)] += 1
-    contended = sorted(key for key, count in queued.items() if count >= CONTENDED_QUEUED)
-    served = dict.fromkeys(TENANTS, 0)
-    fair = dict.fromkeys(TENANTS, 0.0)
-    weights = {name: t.weight for name, t in TENANTS.items()}
-    for window, backend in contended:
-        start_s, end_s = window * width_s, (window + 1) * width_s
-        got, asked = dict.fromkeys(TENANTS, 0), dict.fromkeys(TENANTS, 0.0)
-        for a in admitted:
-            if a.backend != backend:
-                continue
-            admitted_s = a.planned.at_s + a.wait_s  # type: ignore[operator]
-            if start_s <= admitted_s < end_s or (window == WINDOWS - 1 and admitted_s >= end_s):
-                got[a.planned.tenant] += a.reserved_tokens
-            if a.planned.at_s < end_s and admitted_s >= start_s:
-                asked[a.planned.tenant] += a.reserved_tokens
-        for tenant, tokens in max_min_fair(asked, weights, sum(got.values())).items():
-            fair[tenant] += tokens
-        for tenant, tokens in got.items():
-            served[tenant] += tokens
-    return Shares(len(contended), served, fair)
-
-
-def _window(at_s: float, width_s: float) -> int:
-    return min(WINDOWS - 1, int(at_s / width_s))
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
-
-
-@dataclass
-class Summary:
-    config: str
-    requests: int
-    ok: int
-    refused: dict[str, int]
-    out_of_memory: int
-    other_errors: int
-    queued: int
-    shares: Shares
-    added_ms: list[float]  # idle probes
-    loaded_ms: list[float]  # the day's requests admitted without waiting
-    wall_s: float
-    lost_races: int
-    lag_ms: list[float]
-
-    @property
-    def added_median_ms(self) -> float:
-        return statistics.median(self.added_ms) if self.added_ms else float("nan")
-
-    @property
-    def added_p99_ms(self) -> float:
-        return _quantile(self.added_ms, 0.99)
-
-
-def summarise(run: Run) -> Summary:
-    refused: dict[str, int] = {}
-    other = 0
-    for a in run.answers:
-        if a.status == 200 or a.out_of_memory:
-            continue
-        if a.wait_s is None and 400 <= a.status < 600:
-            refused[f"{a.status} {a.code}"] = refused.get(f"{a.status} {a.code}", 0) + 1
-        else:
-            other += 1
-    added = [a.added_s * 1000 for a in run.probes if a.added_s is not None]
-    loaded = [a.added_s * 1000 for a in run.answers if a.added_s is not None]
-    return Summary(run.config, len(run.answers), sum(a.status == 200 and not a.out_of_memory for a in run.answers),
-                   refused, sum(a.out_of_memory for a in run.answers), other,
-                   sum(1 for a in run.answers if a.wait_s), shares(run), added, loaded,
-                   run.wall_s, run.lost_races, run.lag_ms)
-
-
-def misses(summaries: dict[str, Summary]) -> list[str]:
-    shared = summaries.get("shared")
-    if shared is None:
-        return ["the shared configuration did not run"]
-    missed = []
-    if shared.out_of_memory:
-        missed.append(f"shared ledger: {shared.out_of_memory} requests met '{CONTEXT_EXCEEDED}'")
-    for tenant in TENANTS:
-        if shared.shares.fair[tenant] and shared.shares.of_fair(tenant) < SHARE_TARGET:
-            missed.append(f"shared ledger: {tenant} got {shared.shares.of_fair(tenant):.0%} of its fair share "
-                          f"(target >= {SHARE_TARGET:.0%})")
-    independent = summaries.get("independent")
-    if independent is not None:
-        extra_ms = shared.added_median_ms - independent.added_median_ms
-        if not extra_ms <= ADDED_MEDIAN_TARGET_S * 1000:
-            missed.append(f"shared ledger: adds {extra_ms:.1f} ms to the median request over in-process ledgers "
-                          f"(target <= {ADDED_MEDIAN_TARGET_S * 1000:g} ms)")
-    return missed
-
-
-def render(plan: list[Planned], scale: Scale, summaries: dict[str, Summary]) -> str:
-    per_tenant = {t: sum(p.tenant == t for p in plan) for t in TENANTS}
-    lines = [
-        f"{len(HOST_CONTEXTS)} simulated llama-servers (unified KV, 4 slots; -c "
-        + ", ".join(f"{c}" for c in HOST_CONTEXTS) + f"), time_scale {scale.time_scale:g}; a day in "
-        f"{scale.day_s:g} s; {len(plan)} requests: " + ", ".join(f"{t} {n}" for t, n in per_tenant.items()),
-        "",
-        f"{'configuration':<14} {'requests':>8} {'ok':>6} {'refused':>8} {'OOM':>5} {'other':>6} {'queued':>7} "
-        f"{'lost races':>10} {'added median':>13} {'added p99':>10} {'loaded median':>13} {'loop lag p99':>12} "
-        f"{'wall':>7}",
-    ]
-    for s in summaries.values():
-        lines.append(f"{s.config:<14} {s.requests:>8} {s.ok:>6} {sum(s.refused.values()):>8} {s.out_of_memory:>5} "
-                     f"{s.other_errors:>6} {s.queued:>7} {s.lost_races:>10} {s.added_median_ms:>10.2f} ms "
-                     f"{s.added_p99_ms:>7.2f} ms {_median(s.loaded_ms):>10.1f} ms {_quantile(s.lag_ms, 0.99):>9.1f} ms "
-                     f"{s.wall_s:>6.1f}s")
-    for s in summaries.values():
-        if s.refused:
-            lines.append(f"  {s.config} refused: " + ", ".join(f"{n} x {why}" for why, n in sorted(s.refused.items())))
-    lines += ["", "reserved tokens admitted in the contended windows, share against the weighted max-min fair share:",
-              f"{'configuration':<14} {'windows':>7} " + " ".join(f"{t + ' (w ' + format(w.weight, 'g') + ')':>22}"
-                                                             for t, w in TENANTS.items())]
-    for s in summaries.values():
-        cells = [f"{s.shares.share(t):>6.1%} /{s.shares.fair_share(t):>6.1%} ={s.shares.of_fair(t):>5.0%}"
-                 for t in TENANTS]
-        lines.append(f"{s.config:<14} {s.shares.windows:>7} " + " ".join(f"{c:>22}" for c in cells))
-    lines.append("(share / fair share = of fair)")
-    missed = misses(summaries)
-    lines.append(f"targets (shared ledger): no out-of-memory; every tenant >= {SHARE_TARGET:.0%} of its fair share; "
-                 f"<= {ADDED_MEDIAN_TARGET_S * 1000:g} ms added to the median over in-process ledgers -> "
-                 f"{'FAIL' if missed else 'PASS'}")
-    lines.extend(f"  missed: {m}" for m in missed)
-    return "\n".join(lines)
-
-
-def summary_json(s: Summary) -> dict[str, Any]:
-    return {"requests": s.requests, "ok": s.ok, "refused": s.refused, "out_of_memory": s.out_of_memory,
-            "other_errors": s.other_errors, "queued": s.queued, "lost_races": s.lost_races,
-            "wall_s": round(s.wall_s, 2), "loop_lag_p99_ms": round(_quantile(s.lag_ms, 0.99), 2),
-            "added_ms": {"median": round(s.added_median_ms, 3),
-                                                       "p99": round(s.added_p99_ms, 3), "samples": len(s.added_ms)},
-            "loaded_added_ms": {"median": round(_median(s.loaded_ms), 3),
-                                "p99": round(_quantile(s.loaded_ms, 0.99), 3), "samples": len(s.loaded_ms)},
-            "contended_windows": s.shares.windows,
-            "tenants": {t: {"weight": TENANTS[t].weight, "reserved_tokens": s.shares.served[t],
-                            "share": round(s.shares.share(t), 4), "fair_share": round(s.shares.fair_share(t), 4)}
-                        for t in TENANTS}}
 
 
 @contextlib.contextmanager

@@ -177,7 +177,7 @@ class WaitingRoom:
         again: _Waiter | Tag | None = None
         while True:  # admitted here, then committed across replicas; a lost race waits again, in its place
             grant, again = await self._admit_here(key, pool, cost, policy, is_disconnected, again)
-            if await self._commit(shared, grant, pool, policy):
+            if await self._commit(shared, grant, pool, policy, again):
                 if isinstance(again, _Waiter) and again.joined:
                     shared.leave_queue(key, again.seq)
                 return grant
@@ -237,7 +237,8 @@ class WaitingRoom:
         key, policy = waiter.key, waiter.policy
         waiting = len(queue)
         if waiting <= policy.max_queue and self._shared is not None and not waiter.future.done():
-            across = await self._shared.join_queue(key, waiter.seq, policy.max_queue, policy.queue_timeout_s)
+            tokens = _reserve_tokens(Wait(""), waiter.cost, waiter.pool, policy)
+            across = await self._shared.join_queue(key, waiter.seq, policy.max_queue, tokens, waiter.cost.sequences)
             if across is not None:
                 waiting = across
                 waiter.joined = across <= policy.max_queue
@@ -245,10 +246,13 @@ class WaitingRoom:
             self._counter(key).queue_full_total += 1
             raise AdmissionRejected(errors.queue_full(key, waiting - 1, policy.max_queue))  # those before it
 
-    async def _commit(self, shared: SharedPools, grant: _Grant, pool: PoolSpec, policy: Policy) -> bool:
+    async def _commit(self, shared: SharedPools, grant: _Grant, pool: PoolSpec, policy: Policy,
+                      waiter: _Waiter | Tag) -> bool:
         """Make a grant final across replicas; a lost race frees it here and answers False."""
         reservation = grant.reservation
-        commit = asyncio.ensure_future(shared.commit(reservation, limits_for(pool, policy)))
+        place = waiter.seq if isinstance(waiter, _Waiter) and waiter.joined else None
+        commit = asyncio.ensure_future(shared.commit(reservation, limits_for(pool, policy), waiter=place,
+                                                     overtake_s=policy.overtake_window_s))
         try:
             committed = await asyncio.shield(commit)
         except asyncio.CancelledError:  # the lease may land after this: free it once the commit is done

@@ -112,3 +112,32 @@ async def test_the_store_never_shows_the_redis_password(redis_url: str) -> None:
     store = SharedStore.from_url(redis_url.replace("redis://", "redis://:s3cret-pass@"), prefix="t", timeout_s=1.0)
     assert "s3cret" not in repr(store)
     await store.close()
+
+
+async def test_a_long_waiting_request_keeps_its_room_across_replicas(two: list[SharedStore]) -> None:
+    """Replica a's request for 8,000 tokens has waited past the overtake window: replica b may still take what
+    leaves 8,000 free (2,000), not more; the waiter itself then gets its room."""
+    a, b = two
+    assert await a.join_queue(KEY, "7", max_queue=10, ttl_s=10, tokens=8_000, sequences=1) == (True, 1)
+    await asyncio.sleep(0.05)
+    ledger_b = Ledger()
+    small = await b.reserve(ledger_b.reserve(KEY, 2_000, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)
+    big = await b.reserve(ledger_b.reserve(KEY, 3_000, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)
+    early = await b.reserve(ledger_b.reserve(KEY, 3_000, "web"), UNIFIED, ttl_s=10, overtake_s=60)  # within window
+    head = await a.reserve(Ledger().reserve(KEY, 5_000, "ci"), UNIFIED, ttl_s=10, waiter="7", overtake_s=0.01)
+    print(f"\n  b 2,000 -> {small.verdict}; b 3,000 -> {big.verdict}; b 3,000 (window 60 s) -> {early.verdict}; "
+          f"the waiter -> {head.verdict}")
+    assert (small.verdict, big.verdict, early.verdict, head.verdict) == ("ok", "behind", "ok", "ok")
+    await a.leave_queue(KEY, "7")
+    after = await b.reserve(ledger_b.reserve(KEY, 0, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)
+    assert after.verdict == "ok"  # the head left: nothing is kept back
+
+
+async def test_a_dead_replicas_waiter_stops_holding_room_when_its_place_expires(two: list[SharedStore]) -> None:
+    a, b = two
+    assert (await a.join_queue(KEY, "1", max_queue=10, ttl_s=0.2, tokens=9_000, sequences=1))[0]
+    await asyncio.sleep(0.05)
+    blocked = await b.reserve(Ledger().reserve(KEY, 5_000, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)
+    assert blocked.verdict == "behind"
+    await asyncio.sleep(0.25)  # replica a stopped touching its waiter's place
+    assert (await b.reserve(Ledger().reserve(KEY, 5_000, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)).verdict == "ok"

@@ -85,6 +85,7 @@ class SharedPools:
         self._others: dict[PoolKey, LedgerSnapshot] = {}
         self._mine: dict[PoolKey, dict[int, Reservation]] = {}
         self._pools: dict[PoolKey, PoolSpec] = {}
+        self._waiting: dict[PoolKey, set[int]] = {}  # this replica's waiters with a place in the shared queue
         self._tasks: set[asyncio.Task[None]] = set()
         self.up = True
         self.down_reason = ""
@@ -118,7 +119,8 @@ class SharedPools:
 
     # --- commits and releases ---------------------------------------------------------------------------------------
 
-    async def commit(self, reservation: Reservation, limits: Limits) -> bool:
+    async def commit(self, reservation: Reservation, limits: Limits, *, waiter: int | None = None,
+                     overtake_s: float = 5.0) -> bool:
         """Make a local reservation final across replicas: True when its lease is in Redis (or, Redis down with
         ``local_share``, when it was planned against this replica's share); False when another replica took the
         room first, or Redis just went away (plan again). Raises ``AdmissionRejected`` (503) when Redis is down
@@ -129,7 +131,8 @@ class SharedPools:
             self._mine.setdefault(key, {})[reservation.id] = reservation  # renewed into Redis once it is back
             return True
         try:
-            answer = await self.store.reserve(reservation, limits, self._config.lease_ttl_s)
+            answer = await self.store.reserve(reservation, limits, self._config.lease_ttl_s,
+                                              waiter=None if waiter is None else str(waiter), overtake_s=overtake_s)
         except StoreUnreachable as exc:
             self.went_down(str(exc))
             self.refuse_if_down(key)
@@ -159,19 +162,28 @@ class SharedPools:
             return
         self._saw(reservation.key, answer)
 
-    async def join_queue(self, key: PoolKey, seq: int, max_queue: int, wait_s: float) -> int | None:
+    async def join_queue(self, key: PoolKey, seq: int, max_queue: int, tokens: int, sequences: int) -> int | None:
         """Take a place in the pool's queue across replicas: how many wait with this one (more than
-        ``max_queue``: no place); None when Redis is unreachable (the replica's own queue limit still holds)."""
+        ``max_queue``: no place); None when Redis is unreachable (the replica's own queue limit still holds). The
+        place is renewed with every poll while the request waits, and expires ``lease_ttl_s`` after the last."""
         if not self.up:
             return None
         try:
-            ok, waiting = await self.store.join_queue(key, str(seq), max_queue, wait_s + self._config.lease_ttl_s)
+            ok, waiting = await self.store.join_queue(key, str(seq), max_queue, self._config.lease_ttl_s,
+                                                      tokens=tokens, sequences=sequences)
         except StoreUnreachable as exc:
             self.went_down(str(exc))
             return None
+        if ok:
+            self._waiting.setdefault(key, set()).add(seq)
         return waiting if ok else waiting + 1
 
     def leave_queue(self, key: PoolKey, seq: int) -> None:
+        waiting = self._waiting.get(key)
+        if waiting is not None:
+            waiting.discard(seq)
+            if not waiting:
+                del self._waiting[key]
         if self.up:
             self._spawn(self._leave(key, seq))
 
@@ -206,6 +218,8 @@ class SharedPools:
         """Read the totals of the pools whose requests wait."""
         for key in keys:
             try:
+                await self.store.touch_queue(key, [str(seq) for seq in self._waiting.get(key, ())],
+                                             self._config.lease_ttl_s)
                 answer = await self.store.totals(key)
             except StoreUnreachable as exc:
                 self.went_down(str(exc))

@@ -5,7 +5,13 @@ Keys of one pool (``keys.py`` builds the names):
     leases   HASH  lease id -> "tokens|sequences|replica|tenant"          one per live reservation
     expiry   ZSET  lease id -> expiry (ms, Redis's own clock)             renewed by the replica that holds it
     totals   HASH  tokens, seqs, a:<tenant> (sequences), t:<tenant> (tokens)   what the live leases add up to
-    queue    ZSET  waiter id -> expiry (ms)                               requests waiting, on every replica
+    queue    ZSET  waiter id -> arrival (ms)                              requests waiting, on every replica
+    qexp     ZSET  waiter id -> expiry (ms)                               renewed while its replica polls
+    qinfo    HASH  waiter id -> "tokens|sequences"                        what each waiter will reserve
+
+The head-of-line rule holds across replicas. A waiter that has waited longer than ``overtake_window_s`` anywhere
+keeps what it needs: nobody else's reservation may leave the pool too full for it (the reserve script checks the
+oldest waiter's needs), so freed tokens accumulate for it whichever replica frees them, as in one waiting room.
 
 Every script first drops the leases whose expiry has passed (their replica stopped renewing them: it crashed or is
 cut off), so a dead replica's reservations are gone within ``lease_ttl_s`` of its last renewal, and every script
@@ -58,15 +64,40 @@ local function field(name)
 end
 """
 
-RESERVE = _COMMON + """
--- ARGV: id, value, tokens, seqs, tenant, ttl_ms, slots, pool_tokens (-1: split pool), tenant_cap (-1), share (-1)
+_WAITERS = """
+local function purge_waiters(now)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)
+  for _, id in ipairs(gone) do
+    redis.call('ZREM', KEYS[4], id)
+    redis.call('ZREM', KEYS[5], id)
+    redis.call('HDEL', KEYS[6], id)
+  end
+end
+"""
+
+RESERVE = _COMMON + _WAITERS + """
+-- KEYS: leases, expiry, totals, queue, qexp, qinfo
+-- ARGV: id, value, tokens, seqs, tenant, ttl_ms, slots, pool_tokens (-1: split pool), tenant_cap (-1), share (-1),
+--       waiter id ('': admitted without waiting), overtake_ms
 local now = now_ms()
 local expired = purge(now)
+purge_waiters(now)
 local tokens, seqs, tenant = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local ttl, slots, pool, cap, share = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]),
   tonumber(ARGV[10])
 local verdict = 'ok'
-if cap >= 0 and field('a:' .. tenant) + seqs > cap then verdict = 'tenant_active'  -- the planner's order
+local head = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+if head[1] and head[1] ~= ARGV[11] and now - tonumber(head[2]) >= tonumber(ARGV[12]) then
+  -- the oldest waiter has waited past the overtake window: keep what it needs
+  local needs = redis.call('HGET', KEYS[6], head[1]) or '0|0'
+  local head_tokens, head_seqs = string.match(needs, '^(%d+)|(%d+)$')
+  head_tokens, head_seqs = tonumber(head_tokens), tonumber(head_seqs)
+  if field('seqs') + seqs + head_seqs > slots or (pool >= 0 and field('tokens') + tokens + head_tokens > pool) then
+    verdict = 'behind'
+  end
+end
+if verdict ~= 'ok' then
+elseif cap >= 0 and field('a:' .. tenant) + seqs > cap then verdict = 'tenant_active'  -- the planner's order
 elseif share >= 0 and field('t:' .. tenant) + tokens > share then verdict = 'tenant_share'
 elseif field('seqs') + seqs > slots then verdict = 'slots'
 elseif pool >= 0 and field('tokens') + tokens > pool then verdict = 'tokens'
@@ -109,17 +140,38 @@ local expired = purge(now_ms())
 return {0, expired, redis.call('HGETALL', KEYS[3])}
 """
 
-QUEUE_JOIN = """
--- KEYS: queue zset. ARGV: id, ttl_ms, max_queue. Requests waiting for this pool on every replica, at most max_queue.
+QUEUE_JOIN = _WAITERS + """
+-- KEYS: -, -, -, queue, qexp, qinfo (the pool's keys). ARGV: id, ttl_ms, max_queue, tokens, seqs.
+-- Requests waiting for this pool on every replica, at most max_queue; arrival on Redis's clock.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local waiting = redis.call('ZCARD', KEYS[1])
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then waiting = waiting - 1 end
+purge_waiters(now)
+local waiting = redis.call('ZCARD', KEYS[4])
+local known = redis.call('ZSCORE', KEYS[4], ARGV[1])
+if known then waiting = waiting - 1 end
 if waiting >= tonumber(ARGV[3]) then return {0, waiting} end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 3)
+if not known then redis.call('ZADD', KEYS[4], now, ARGV[1]) end
+redis.call('ZADD', KEYS[5], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('HSET', KEYS[6], ARGV[1], ARGV[4] .. '|' .. ARGV[5])
+for i = 4, 6 do redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[2]) * 3) end
 return {1, waiting + 1}
+"""
+
+QUEUE_TOUCH = """
+-- KEYS: -, -, -, queue, qexp, qinfo. ARGV: ttl_ms, then this replica's waiters in the pool: still waiting.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i = 2, #ARGV do redis.call('ZADD', KEYS[5], 'XX', now + tonumber(ARGV[1]), ARGV[i]) end
+for i = 4, 6 do redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[1]) * 3) end
+return 1
+"""
+
+QUEUE_LEAVE = """
+-- KEYS: -, -, -, queue, qexp, qinfo. ARGV: id.
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
+redis.call('HDEL', KEYS[6], ARGV[1])
+return 1
 """
 
 RATE_TAKE = """

@@ -50,7 +50,7 @@ class Answer:
 def _names(prefix: str, key: PoolKey) -> list[str]:
     """The pool's Redis keys; the backend's name is length-prefixed so no two pools' names can collide."""
     base = f"{prefix}:pool:{len(key.backend)}:{key.backend}:{key.model}"
-    return [f"{base}:leases", f"{base}:expiry", f"{base}:totals"]
+    return [f"{base}:{part}" for part in ("leases", "expiry", "totals", "queue", "qexp", "qinfo")]
 
 
 def _snapshot(flat: Sequence[Any]) -> LedgerSnapshot:
@@ -81,6 +81,8 @@ class SharedStore:
         self._renew = client.register_script(scripts.RENEW)
         self._totals = client.register_script(scripts.TOTALS)
         self._join = client.register_script(scripts.QUEUE_JOIN)
+        self._touch = client.register_script(scripts.QUEUE_TOUCH)
+        self._leave = client.register_script(scripts.QUEUE_LEAVE)
         self._rate_take = client.register_script(scripts.RATE_TAKE)
         self._rate_settle = client.register_script(scripts.RATE_SETTLE)
 
@@ -102,12 +104,16 @@ class SharedStore:
     def _value(self, reservation: Reservation) -> str:
         return f"{reservation.tokens}|{reservation.sequences}|{self.replica}|{reservation.tenant}"
 
-    async def reserve(self, reservation: Reservation, limits: Limits, ttl_s: float) -> Answer:
-        """Add the lease if the pool, across replicas, still has room for it (the planner's rules, atomically)."""
+    async def reserve(self, reservation: Reservation, limits: Limits, ttl_s: float, *, waiter: str | None = None,
+                      overtake_s: float = 5.0) -> Answer:
+        """Add the lease if the pool, across replicas, still has room for it (the planner's rules, atomically) and
+        it leaves room for a waiter that has waited past ``overtake_s`` (``waiter``: this request's own place in
+        the queue, None when it did not queue)."""
         args: list[str | int] = [self.lease_id(reservation), self._value(reservation), reservation.tokens,
-                reservation.sequences,
-                reservation.tenant, _ms(ttl_s), limits.slots, _or_none(limits.pool_tokens),
-                _or_none(limits.tenant_max_active), _or_none(limits.tenant_share_tokens)]
+                                 reservation.sequences, reservation.tenant, _ms(ttl_s), limits.slots,
+                                 _or_none(limits.pool_tokens), _or_none(limits.tenant_max_active),
+                                 _or_none(limits.tenant_share_tokens),
+                                 "" if waiter is None else f"{self.replica}:{waiter}", _ms(overtake_s)]
         return await self._call(self._reserve, _names(self._prefix, reservation.key), args)
 
     async def release(self, reservation: Reservation) -> Answer:
@@ -123,19 +129,30 @@ class SharedStore:
     async def totals(self, key: PoolKey) -> Answer:
         return await self._call(self._totals, _names(self._prefix, key), [])
 
-    async def join_queue(self, key: PoolKey, waiter: str, max_queue: int, ttl_s: float) -> tuple[bool, int]:
-        """Take a place in the pool's queue across replicas, unless ``max_queue`` are already waiting."""
-        name = f"{_names(self._prefix, key)[0].removesuffix(':leases')}:queue"
+    async def join_queue(self, key: PoolKey, waiter: str, max_queue: int, ttl_s: float, *, tokens: int = 0,
+                         sequences: int = 1) -> tuple[bool, int]:
+        """Take a place in the pool's queue across replicas, unless ``max_queue`` are already waiting; ``tokens``
+        and ``sequences`` are what it will reserve (the head-of-line rule keeps them for it once it has waited
+        past the overtake window). The place expires after ``ttl_s`` unless ``touch_queue`` renews it."""
+        args: list[str | int] = [f"{self.replica}:{waiter}", _ms(ttl_s), max_queue, tokens, sequences]
         try:
-            ok, waiting = await self._join(keys=[name], args=[f"{self.replica}:{waiter}", _ms(ttl_s), max_queue])
+            ok, waiting = await self._join(keys=_names(self._prefix, key), args=args)
         except (RedisError, OSError) as exc:
             raise StoreUnreachable(str(exc)) from exc
         return bool(ok), int(waiting)
 
-    async def leave_queue(self, key: PoolKey, waiter: str) -> None:
-        name = f"{_names(self._prefix, key)[0].removesuffix(':leases')}:queue"
+    async def touch_queue(self, key: PoolKey, waiters: Sequence[str], ttl_s: float) -> None:
+        if not waiters:
+            return
         try:
-            await self._redis.zrem(name, f"{self.replica}:{waiter}")
+            await self._touch(keys=_names(self._prefix, key),
+                              args=[_ms(ttl_s), *(f"{self.replica}:{w}" for w in waiters)])
+        except (RedisError, OSError) as exc:
+            raise StoreUnreachable(str(exc)) from exc
+
+    async def leave_queue(self, key: PoolKey, waiter: str) -> None:
+        try:
+            await self._leave(keys=_names(self._prefix, key), args=[f"{self.replica}:{waiter}"])
         except (RedisError, OSError) as exc:
             raise StoreUnreachable(str(exc)) from exc
 
