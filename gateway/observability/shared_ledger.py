@@ -22,8 +22,9 @@ class SharedLedgerCollector(Collector):
         for name, doc, value in (
             ("kvgate_shared_ledger_outages", "Times Redis stopped answering (on_unreachable applied)",
              shared.down_total),
-            ("kvgate_shared_ledger_lost_races", "Admissions another replica beat to the last room (they waited "
-             "again)", shared.lost_races_total),
+            ("kvgate_shared_ledger_lost_races", "Admissions the reserve script turned down (another replica took "
+             "the room first, or it would have taken the room of a request waiting past overtake_window_s); they "
+             "waited again", shared.lost_races_total),
             ("kvgate_shared_ledger_expired_leases", "Leases seen expired (a replica stopped renewing them)",
              shared.expired_total),
             ("kvgate_shared_ledger_readded_leases", "This replica's leases that had expired while it was cut off "
