@@ -21,14 +21,12 @@ from gateway.admission.admit import Admitter
 from gateway.admission.gpu_ledger import GpuBoard, LoadReservations
 from gateway.admission.loads import LoadGate
 from gateway.admission.pools import PoolDirectory, unadmitted_reason
-from gateway.admission.shared.pools import SharedPools
+from gateway.admission.shared.pools import SharedPools, shared_pools
 from gateway.admission.shared.rates import TenantRates
-from gateway.admission.shared.store import SharedStore
 from gateway.api import kvgate as kvgate_api
 from gateway.backends import BackendRegistry
 from gateway.backends.probes import BackendProbes
 from gateway.config import ServerSettings, Settings
-from gateway.config_shared import SharedLedgerConfig
 from gateway.domain import Dialect, Operation
 from gateway.errors import AdminOnly, GatewayError
 from gateway.fitting.summaries import Summaries
@@ -69,16 +67,6 @@ INTERNAL = web.AppKey("internal", InternalCalls)
 
 SHARED = web.AppKey[SharedPools | None]("shared")
 SessionFactory = Callable[[], aiohttp.ClientSession]
-
-
-def shared_pools(config: SharedLedgerConfig) -> SharedPools | None:
-    """The shared ledger when ``shared_ledger.redis_url`` is set (gateway/admission/shared), else None."""
-    if config.redis_url is None:
-        return None
-    store = SharedStore.from_url(config.redis_url.get_secret_value(), prefix=config.prefix, timeout_s=config.timeout_s)
-    log.info("shared ledger: reservations, queues and rates are kept in Redis (prefix '%s'), leases of %g s; this "
-             "replica is '%s'", config.prefix, config.lease_ttl_s, store.replica)
-    return SharedPools(store, config)
 
 
 UPSTREAM_KEEPALIVE_S = 4.0

@@ -50,6 +50,16 @@ log = logging.getLogger("gateway.shared_ledger")
 EMPTY = LedgerSnapshot()
 
 
+def shared_pools(config: SharedLedgerConfig) -> SharedPools | None:
+    """The shared ledger when ``shared_ledger.redis_url`` is set, else None (the ledger lives in this process)."""
+    if config.redis_url is None:
+        return None
+    store = SharedStore.from_url(config.redis_url.get_secret_value(), prefix=config.prefix, timeout_s=config.timeout_s)
+    log.info("shared ledger: reservations, queues and rates are kept in Redis (prefix '%s'), leases of %g s; this "
+             "replica is '%s'", config.prefix, config.lease_ttl_s, store.replica)
+    return SharedPools(store, config)
+
+
 def limits_for(pool: PoolSpec, policy: Policy) -> Limits:
     """The planner's capacity rules for one pool and policy, for the reserve script to check across replicas."""
     return Limits(pool.slots, pool.pool_tokens if pool.unified else None, policy.per_tenant_max_active,
