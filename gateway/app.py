@@ -183,6 +183,7 @@ def create_app(
             proxied = _admin_only(proxied, route)
         for method in route.methods:
             app.router.add_route(method, route.path, proxied)
+    app.router.add_route("*", "/kvgate/{tail:.*}", kvgate_api.unknown_kvgate_route)  # never forwarded
     app.router.add_route("*", FALLBACK.path, functools.partial(_proxied, route=FALLBACK))
     return app
 

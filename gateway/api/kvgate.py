@@ -303,3 +303,22 @@ def _gpu_cell(gpu: dict[str, Any], column: str) -> Any:
         return ", ".join(f"{m['name']}: {m['resident_bytes']} ({m['source']})" for m in gpu.get("models", []))
     value = gpu.get(column)
     return "" if value is None else value
+
+
+async def unknown_kvgate_route(request: web.Request) -> web.Response:
+    """``/kvgate/...`` is kvgate's own namespace: a path or method it does not serve is answered here (404, or 405
+    with ``Allow``), never forwarded to a backend."""
+    allowed = sorted({route.method for resource in request.app.router.resources()
+                      if resource.get_info().get("path") == request.path for route in resource
+                      if route.method != "HEAD"})
+    if allowed:
+        return web.json_response(
+            {"error": {"message": f"{request.method} is not allowed on {request.path}; use {', '.join(allowed)}",
+                       "type": "invalid_request_error", "param": None, "code": "method_not_allowed"}},
+            status=405, headers={"Allow": ", ".join(allowed)})
+    return web.json_response(
+        {"error": {"message": f"kvgate has no route {request.path[:200]!r}; its own routes are /kvgate/ (the status "
+                              "page), /kvgate/status, /kvgate/metrics, /kvgate/health, /kvgate/fit, /kvgate/count, "
+                              "/kvgate/tenants and /kvgate/reload",
+                   "type": "invalid_request_error", "param": None, "code": "not_found"}},
+        status=404)

@@ -13,6 +13,7 @@ full) whose entries expire ``ttl_s`` after their last use. The clock is injected
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -26,12 +27,23 @@ OPENING_CHARS = 2048
 
 
 def conversation_key(parsed: ParsedRequest) -> str | None:
-    """A stable name for the request's conversation, or None when it has none (no messages, no text prompt)."""
+    """A stable name for the request's conversation, or None when it has none (no messages, no text prompt). Any
+    JSON a client sends has one: lone surrogates and other text JSON allows but UTF-8 does not are hashed as their
+    escapes."""
     opening = _opening(parsed)
     if opening is None:
         return None
-    payload = orjson.dumps([parsed.model or "", opening], option=orjson.OPT_SORT_KEYS, default=str)
+    payload = _canonical([parsed.model or "", opening])
     return hashlib.blake2b(payload[: OPENING_CHARS * 2], digest_size=16).hexdigest()
+
+
+def _canonical(value: Any) -> bytes:
+    """Sorted-key JSON; text that is not valid UTF-8 (a lone surrogate from a ``\\udc98`` escape) falls back to
+    ASCII escapes, so every parsed body has a key."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=str)
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(value, sort_keys=True, ensure_ascii=True, default=str).encode()
 
 
 def _opening(parsed: ParsedRequest) -> Any:
@@ -39,7 +51,7 @@ def _opening(parsed: ParsedRequest) -> Any:
     if messages:
         first_user = next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
                           len(messages) - 1)
-        opening = orjson.dumps(list(messages[: first_user + 1]), option=orjson.OPT_SORT_KEYS, default=str)
+        opening = _canonical(list(messages[: first_user + 1]))
         return opening[:OPENING_CHARS].decode("utf-8", "replace")
     text = parsed.prompt_input.text if parsed.prompt_input.text is not None else parsed.prompt
     if isinstance(text, str) and text:

@@ -50,3 +50,22 @@ async def test_unknown_paths_go_to_the_default_backend_unchanged(gateway: tuple[
     async with aiohttp.ClientSession() as http, http.patch(f"{url}/custom/thing?x=1", data=b"raw") as response:
         assert (await response.json()) == {"echo": "/custom/thing"}
     assert (fake.seen[-1].method, fake.seen[-1].path_qs, fake.seen[-1].body) == ("PATCH", "/custom/thing?x=1", b"raw")
+
+
+@pytest.mark.parametrize(("method", "path", "status", "allow"), [
+    ("DELETE", "/kvgate/reload", 405, "POST"),
+    ("POST", "/kvgate/status", 405, "GET"),
+    ("PUT", "/kvgate/metrics", 405, "GET"),
+    ("GET", "/kvgate/nothing-here", 404, None),
+    ("POST", "/kvgate/v1/chat/completions", 404, None),
+])
+async def test_kvgates_own_namespace_is_never_forwarded(
+    gateway: tuple[str, FakeLLM], method: str, path: str, status: int, allow: str | None,
+) -> None:
+    url, fake = gateway
+    seen_before = len(fake.seen)
+    async with aiohttp.ClientSession() as http, http.request(method, url + path, json=BODY) as response:
+        body = await response.json()
+        assert (response.status, response.headers.get("Allow")) == (status, allow)
+    assert body["error"]["code"] == ("method_not_allowed" if status == 405 else "not_found")
+    assert len(fake.seen) == seen_before  # the backend never saw it

@@ -123,3 +123,18 @@ def test_sticky_map_is_bounded_and_forgets_idle_conversations() -> None:
     assert len(sticky) == 2 and sticky.get("c1") is None and sticky.get("c3") == "a"
     clock.advance(61)
     assert sticky.get("c2") is None
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"model": "m", "messages": [{"role": "user", "content": "a\\udc98b"}]}',  # a lone low surrogate
+    b'{"model": "m", "messages": [{"role": "system", "content": "\\ud800"}, {"role": "user", "content": "x"}]}',
+    b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}',
+    b'{"model": "\\udc00", "messages": [{"role": "user", "content": "x"}]}',
+])
+def test_a_conversation_key_exists_for_any_json_text(raw: bytes) -> None:
+    """JSON allows escapes of lone surrogates, which are not UTF-8: the key is still made (a 500 before)."""
+    from gateway import dialects
+    parsed = parse(Dialect.OPENAI, Operation.CHAT, dialects.decode_body(raw), "/v1/chat/completions")
+    key = conversation_key(parsed)
+    assert key is not None and len(key) == 32
+    assert key == conversation_key(parsed)
