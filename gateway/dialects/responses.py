@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from gateway.dialects import fields
 from gateway.domain import Prompt
+from gateway.tokens.text import json_text
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "refusal"})
 
@@ -40,7 +39,7 @@ def prompt_of(body: dict[str, Any]) -> Prompt:
         for item in fields.objects(given, "input"):
             message = _item_message(item)
             if message is None:
-                message = {"role": "user", "content": orjson.dumps(item).decode()}
+                message = {"role": "user", "content": json_text(item)}  # any JSON text: never raises
                 exact = False
             messages.append(message)
     tools = tuple(_tool(t) for t in fields.objects(fields.optional_list(body, "tools") or [], "tools"))
@@ -64,7 +63,7 @@ def _item_message(item: dict[str, Any]) -> dict[str, Any] | None:
         return {"role": "assistant", "content": "", "tool_calls": [call]}
     if kind == "function_call_output":
         output = item.get("output")
-        text = output if isinstance(output, str) else orjson.dumps(output).decode()
+        text = output if isinstance(output, str) else json_text(output)
         return {"role": "tool", "content": text, "tool_call_id": item.get("call_id", "")}
     return None
 

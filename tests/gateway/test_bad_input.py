@@ -92,3 +92,29 @@ async def test_upload_routes_are_not_limited_and_stream_through(gateway: tuple[s
     async with aiohttp.ClientSession() as http, http.post(f"{url}/api/blobs/sha256:abc", data=blob) as response:
         assert response.status == 201
     assert fake.seen[-1].body == blob
+
+
+LONE_SURROGATES = [  # JSON allows escapes of lone surrogates; they are not UTF-8, and every one of these was a 500
+    ("/v1/responses", b'{"model": "llama3.1:8b", "input": [{"type": "function_call_output", "call_id": "x", '
+                      b'"output": {"a": "\\udc98"}}]}'),
+    ("/v1/responses", b'{"model": "llama3.1:8b", "input": [{"type": "weird", "x": "\\udc98"}]}'),
+    ("/v1/chat/completions", b'{"model": "llama3.1:8b", "messages": [{"role": "user", "content": "a\\udc98b"}]}'),
+    ("/v1/chat/completions", b'{"model": "llama3.1:8b", "stream": true, "messages": [{"role": "system", '
+                             b'"content": "\\ud800"}, {"role": "user", "content": "x"}]}'),
+    ("/api/chat", b'{"model": "llama3.1:8b", "stream": false, "messages": [{"role": "user", "content": "\\udfff"}]}'),
+    ("/api/generate", b'{"model": "llama3.1:8b", "prompt": "\\ud800 hi", "stream": false}'),
+    ("/v1/messages", b'{"model": "llama3.1:8b", "max_tokens": 5, "system": "\\udc98", "messages": [{"role": "user", '
+                     b'"content": [{"type": "tool_result", "tool_use_id": "a", "content": {"x": "\\udc98"}}]}]}'),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), LONE_SURROGATES)
+async def test_lone_surrogates_in_any_field_are_answered_not_a_500(
+    gateway: tuple[str, FakeLLM], path: str, body: bytes,
+) -> None:
+    url, _ = gateway
+    async with aiohttp.ClientSession() as http, http.post(
+        url + path, data=body, headers={"Content-Type": "application/json"}
+    ) as response:
+        text = await response.text()
+        assert response.status == 200, text
