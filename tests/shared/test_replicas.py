@@ -27,6 +27,8 @@ from gateway.config_shared import SharedLedgerConfig
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
 from tests.support.gateway_server import running_gateway
+from tests.support.llama_server import free_port
+from tests.support.redis_server import running_redis
 
 CONTEXT_EXCEEDED = "Context size has been exceeded."
 POOL = PoolSpec.unified_pool("ls", "", pool_tokens=10_000, slots=4)
@@ -209,3 +211,24 @@ async def _only_pool(redis_url: str) -> PoolKey:
     _, _, length, rest = names[0].split(":", 3)
     backend = rest[: int(length)]
     return PoolKey(backend, rest[int(length) + 1: -len(":leases")])
+
+
+async def test_when_redis_comes_back_the_replica_shares_again_and_its_leases_are_counted() -> None:
+    """Redis down at first: local_share admits into this replica's share; once Redis answers, the renewal adds the
+    lease still held to the shared totals and admission is shared again."""
+    port = free_port()
+    config = fast(f"redis://127.0.0.1:{port}/0", timeout_s=0.2, on_unreachable="local_share", replicas=2)
+    async with replica(config) as room:
+        held = await room.acquire(POOL.key, POOL, cost(3_000), POLICY)
+        assert room.shared is not None and not room.shared.up
+        with running_redis(port=port) as server:
+            for _ in range(100):
+                if room.shared.up:
+                    break
+                await asyncio.sleep(0.05)
+            assert room.shared.up
+            store = SharedStore.from_url(server.url, prefix="kvgate", timeout_s=1.0)
+            totals = (await store.totals(POOL.key)).totals
+            await store.close()
+            assert (totals.reserved_tokens, totals.active_sequences) == (3_000, 1)  # the held lease, counted
+            held.release()

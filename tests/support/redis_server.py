@@ -43,9 +43,9 @@ def redis_binary() -> str:
 
 
 @contextmanager
-def running_redis() -> Iterator[RunningRedis]:
+def running_redis(port: int | None = None) -> Iterator[RunningRedis]:
     binary = redis_binary()
-    port = free_port()
+    port = port or free_port()
     with tempfile.TemporaryDirectory(prefix="kvgate-redis-") as work:
         process = subprocess.Popen(
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
