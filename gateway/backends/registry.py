@@ -140,14 +140,26 @@ class BackendRegistry:
     async def serving(self, model: str | None, kind: BackendKind | None = None) -> list[Backend]:
         """Every backend that serves ``model``, in configuration order (those of ``kind`` when some are), for
         routing between them (gateway/routing/); the default alone when none does (``resolve``)."""
-        if model is None:
-            return [self.default_for(kind)]
-        found = [backend for backend in self.backends if backend.serves(model)]
+        found = [] if model is None else [backend for backend in self.backends if backend.serves(model)]
         if not found:
-            first = await self.resolve(model, kind)  # refreshes the lists on a miss
-            found = [backend for backend in self.backends if backend.serves(model)] or [first]
+            fallback = await self.resolve(model, kind)  # refreshes the lists on a miss
+            found = [] if model is None else [backend for backend in self.backends if backend.serves(model)]
+            if not found:
+                return await self._replicas_of(fallback)
         of_kind = [backend for backend in found if backend.kind is kind]
         return of_kind or found
+
+    async def _replicas_of(self, fallback: Backend) -> list[Backend]:
+        """A request that names no model (or one nobody lists) goes to ``fallback``. A llama-server runs its one model
+        whatever a request names, so every llama-server listing the same models shares such requests with it."""
+        if fallback.kind is not BackendKind.LLAMA_SERVER or len(self.backends) == 1:
+            return [fallback]
+        if fallback.listed_at_s is None:
+            await self._miss_refresh.run("all", self.refresh_all, max_age_s=MISS_REFRESH_MIN_INTERVAL_S)
+        if not fallback.models:
+            return [fallback]
+        return [fallback] + [b for b in self.backends if b is not fallback and b.kind is BackendKind.LLAMA_SERVER
+                             and b.models == fallback.models]
 
     async def target_model(self, backend: Backend, model: str | None) -> str:
         """The model the backend will actually run for a request that names ``model``.

@@ -102,6 +102,20 @@ async def test_a_burst_spreads_over_three_hosts() -> None:
     assert all(_waited_s(headers) < 0.05 for _, headers, _ in results)
 
 
+@pytest.mark.parametrize("model", [None, "made-up"], ids=["no model", "a made-up model"])
+async def test_requests_naming_no_listed_model_spread_over_llama_servers_too(model: str | None) -> None:
+    """llama-server runs its one model whatever a request names: a burst without ``model`` (or with a name no
+    server lists) spreads over the servers listing the same models, as a named one does."""
+    async with _hosts(2) as running, running_gateway(_backends(running)) as url, aiohttp.ClientSession() as http:
+        bodies = [{k: v for k, v in _chat(i).items() if k != "model"} | ({"model": model} if model else {})
+                  for i in range(6)]
+        results = await asyncio.gather(*(_post(http, url, body) for body in bodies))
+    _print_matrix(f"6 requests, model {model!r}, 2 hosts", [(s, h) for s, h, _ in results])
+    assert [status for status, _, _ in results] == [200] * 6
+    assert Counter(h["X-Kvgate-Backend"] for _, h, _ in results) == {"gpu0": 3, "gpu1": 3}
+    assert all(_waited_s(headers) < 0.05 for _, headers, _ in results)
+
+
 def _waited_s(headers: dict[str, str]) -> float:
     return float(headers.get("X-Kvgate-Queue-Wait", "0"))
 
