@@ -249,7 +249,8 @@ async def _run_on(config: str, hosts: list[str], plan: list[Planned], scale: Sca
         probe = Planned(0.0, "code", 0, (("user", _text(random.Random(0), 200)),), 16, True)
         for i in range(scale.probes):  # one at a time, on idle hosts: what admission itself adds
             run.probes.append(await send(http, urls[i % len(urls)], probe, scale))
-        run.lost_races = sum(_lost_races(app) for _, app in gateways)
+        run.lost_races = sum(_shared_count(app, "lost_races_total") for _, app in gateways)
+        run.turns_kept = sum(_shared_count(app, "turns_kept_total") for _, app in gateways)
     return run
 
 
@@ -261,10 +262,10 @@ async def _watch_lag(lag_ms: list[float], every_s: float = 0.02) -> None:
         lag_ms.append((time.perf_counter() - asked_s - every_s) * 1000)
 
 
-def _lost_races(app: Any) -> int:
+def _shared_count(app: Any, counter: str) -> int:
     from gateway.app import SHARED
     shared = app.get(SHARED)
-    return shared.lost_races_total if shared is not None else 0
+    return int(getattr(shared, counter)) if shared is not None else 0
 
 
 @contextlib.contextmanager

@@ -104,6 +104,7 @@ class Summary:
     loaded_ms: list[float]  # the day's requests admitted without waiting
     wall_s: float
     lost_races: int
+    turns_kept: int
     lag_ms: list[float]
 
     @property
@@ -130,7 +131,7 @@ def summarise(run: Run) -> Summary:
     return Summary(run.config, len(run.answers), sum(a.status == 200 and not a.out_of_memory for a in run.answers),
                    refused, sum(a.out_of_memory for a in run.answers), other,
                    sum(1 for a in run.answers if a.wait_s), shares(run), added, loaded,
-                   run.wall_s, run.lost_races, run.lag_ms)
+                   run.wall_s, run.lost_races, run.turns_kept, run.lag_ms)
 
 
 def misses(summaries: dict[str, Summary]) -> list[str]:
@@ -161,12 +162,13 @@ def render(plan: list[Planned], scale: Scale, summaries: dict[str, Summary]) -> 
         f"{scale.day_s:g} s; {len(plan)} requests: " + ", ".join(f"{t} {n}" for t, n in per_tenant.items()),
         "",
         f"{'configuration':<14} {'requests':>8} {'ok':>6} {'refused':>8} {'OOM':>5} {'other':>6} {'queued':>7} "
-        f"{'lost races':>10} {'added median':>13} {'added p99':>10} {'loaded median':>13} {'loop lag p99':>12} "
-        f"{'wall':>7}",
+        f"{'lost races':>10} {'turns kept':>10} {'added median':>13} {'added p99':>10} {'loaded median':>13} "
+        f"{'loop lag p99':>12} {'wall':>7}",
     ]
     for s in summaries.values():
         lines.append(f"{s.config:<14} {s.requests:>8} {s.ok:>6} {sum(s.refused.values()):>8} {s.out_of_memory:>5} "
-                     f"{s.other_errors:>6} {s.queued:>7} {s.lost_races:>10} {s.added_median_ms:>10.2f} ms "
+                     f"{s.other_errors:>6} {s.queued:>7} {s.lost_races:>10} {s.turns_kept:>10} "
+                     f"{s.added_median_ms:>10.2f} ms "
                      f"{s.added_p99_ms:>7.2f} ms {_median(s.loaded_ms):>10.1f} ms {_quantile(s.lag_ms, 0.99):>9.1f} ms "
                      f"{s.wall_s:>6.1f}s")
     for s in summaries.values():
@@ -190,7 +192,7 @@ def render(plan: list[Planned], scale: Scale, summaries: dict[str, Summary]) -> 
 
 def summary_json(s: Summary) -> dict[str, Any]:
     return {"requests": s.requests, "ok": s.ok, "refused": s.refused, "out_of_memory": s.out_of_memory,
-            "other_errors": s.other_errors, "queued": s.queued, "lost_races": s.lost_races,
+            "other_errors": s.other_errors, "queued": s.queued, "lost_races": s.lost_races, "turns_kept": s.turns_kept,
             "wall_s": round(s.wall_s, 2), "loop_lag_p99_ms": round(_quantile(s.lag_ms, 0.99), 2),
             "added_ms": {"median": round(s.added_median_ms, 3),
                                                        "p99": round(s.added_p99_ms, 3), "samples": len(s.added_ms)},

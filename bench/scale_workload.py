@@ -178,5 +178,6 @@ class Run:
     answers: list[Answer] = field(default_factory=list)
     wall_s: float = 0.0
     lost_races: int = 0
+    turns_kept: int = 0
     lag_ms: list[float] = field(default_factory=list)
     probes: list[Answer] = field(default_factory=list)

@@ -311,13 +311,14 @@ ProxiedHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _admin_only(handler: ProxiedHandler, route: Route) -> ProxiedHandler:
-    """Model management (pull, push, create, copy, delete, blobs) only for the admin key, or for loopback clients
-    when none is set; the admin key itself is not sent on to the backend."""
+    """Model management (Ollama's pull, push, create, copy, delete, blobs; llama-server's slot save, restore and erase,
+    adapters, properties, model loads) only for the admin key, or for loopback clients when none is set; the admin key
+    itself is not sent on to the backend."""
 
     async def checked(request: web.Request) -> web.StreamResponse:
         admin_key = _admin_key(request)
         if not admin_allowed(request, admin_key):
-            what = f"{request.method} {route.path.split('{')[0].rstrip('/')} manages models"
+            what = f"{request.method} {route.path.split('{')[0].rstrip('/')} manages the backend's models or state"
             error = AdminOnly(
                 f"{what} and needs kvgate's admin key (server.admin_key) as 'Authorization: Bearer <key>'"
                 if admin_key is not None else
@@ -347,11 +348,13 @@ def warn_if_exposed(settings: Settings) -> None:
             "anyone who can connect may run every model through it%s. Set [tenants.NAME] api_keys with "
             "server.require_api_key = true and a server.admin_key, or listen on 127.0.0.1 (README: Security)",
             server.host or "all interfaces",
-            "" if server.admin_only_management else ", and pull, push, create, copy and delete models",
+            "" if server.admin_only_management else ", and pull, push, create, copy and delete models (and erase or "
+            "restore llama-server's slots)",
         )
     elif not server.admin_only_management:
         log.warning("SECURITY: kvgate listens on %s with server.admin_only_management = false: every client may "
-                    "pull, push, create, copy and delete models", server.host or "all interfaces")
+                    "pull, push, create, copy and delete models, and erase or restore llama-server's slots",
+                    server.host or "all interfaces")
 
 
 def is_loopback_host(host: str) -> bool:

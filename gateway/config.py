@@ -92,8 +92,9 @@ class ServerSettings(_Strict):
         "management; unset: loopback clients only"
     )
     admin_only_management: bool = Field(
-        default=True, description="model management (/api/pull, push, create, copy, delete, blobs) needs the admin "
-        "key, or a loopback client when none is set; false: open to every client (and tenant)"
+        default=True, description="model management (/api/pull, push, create, copy, delete, blobs; llama-server's POST "
+        "/slots/{id}, /props, /lora-adapters, /models/load, /models/unload) needs the admin key, or a loopback client "
+        "when none is set; false: open to every client (and tenant)"
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"

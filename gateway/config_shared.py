@@ -25,7 +25,7 @@ class SharedLedgerConfig(_Strict):
     )
     poll_s: float = Field(
         default=0.1, gt=0, le=5.0, description="while requests wait, how often the pool's totals across replicas are "
-        "read again (another replica's release is seen within this)",
+        "read again; a release on any replica wakes them at once too (Redis publishes it)",
     )
     timeout_s: float = Field(default=1.0, gt=0, le=30.0, description="one Redis call, connection included")
     on_unreachable: Literal["refuse", "local_share"] = Field(

@@ -8,6 +8,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.errors import BadRequest
 
+KVGATE_PREFIX = "x-kvgate-"
 KVGATE_ONLY = frozenset({"x-kvgate-internal", "x-kvgate-route-backend"})
 """Headers meant for kvgate itself (its own summary requests): never sent on to a backend."""
 HOP_BY_HOP = frozenset(
@@ -63,9 +64,13 @@ def upstream_request_headers(
 
 
 def downstream_response_headers(upstream: CIMultiDictProxy[str], *, request_id: str) -> CIMultiDict[str]:
-    """End-to-end headers of the backend's response, plus the request id."""
+    """End-to-end headers of the backend's response, plus the request id. ``X-Kvgate-*`` headers are this kvgate's
+    own account of the request: a backend's (another kvgate behind this one, or a server that forges them) never
+    reach the client, where they would pass for this gateway's decisions."""
     drop = HOP_BY_HOP | _connection_listed(upstream) | {REQUEST_ID.lower()}
-    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in drop)
+    out: CIMultiDict[str] = CIMultiDict(
+        (k, v) for k, v in upstream.items() if k.lower() not in drop and not k.lower().startswith(KVGATE_PREFIX)
+    )
     out[REQUEST_ID] = request_id
     return out
 

@@ -77,9 +77,18 @@ ROUTES: tuple[Route, ...] = (
     _r("POST", "/detokenize", _L, Operation.TOKENIZE, _P, _LK),
     _r("POST", "/apply-template", _L, Operation.COUNT, _P, _LK),
     _r("POST", "/v1/chat/completions/input_tokens", _L, Operation.COUNT, _P, _LK),
-    _r("GET|POST", "/props", _L, Operation.OTHER, _T, _LK),
+    _r("GET", "/props", _L, Operation.OTHER, _T, _LK),
     _r("GET", "/slots", _L, Operation.OTHER, _T, _LK),
+    _r("GET", "/lora-adapters", _L, Operation.OTHER, _T, _LK),
     _r("GET", "/health", _L, Operation.OTHER, _T, _LK),
+    # llama-server routes that change the server for everyone: a slot restored from a file fills KV cells that no
+    # reservation counts, an erase drops other tenants' prompt caches, adapters and properties change every answer
+    _r("POST", "/props", _L, Operation.MANAGE, _T, _LK),
+    _r("POST", "/slots/{id_slot}", _L, Operation.MANAGE, _T, _LK),
+    _r("POST", "/lora-adapters", _L, Operation.MANAGE, _T, _LK),
+    _r("POST", "/models", _L, Operation.MANAGE, _T, _LK),
+    _r("POST", "/models/load", _L, Operation.MANAGE, _T, _LK),
+    _r("POST", "/models/unload", _L, Operation.MANAGE, _T, _LK),
 )
 
 FALLBACK = Route(("*",), "/{tail:.*}", Dialect.OPENAI, Operation.OTHER, Handling.PASSTHROUGH)

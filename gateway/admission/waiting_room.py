@@ -18,7 +18,11 @@ reserved tokens (``fair_share``: each request is tagged on arrival with its tena
 lowest tag goes first), so one tenant's flood of long requests queues behind itself while another tenant's request
 waits only for capacity. ``Policy.fair_queueing = False`` (``admission.queue_order = "arrival"``) keeps arrival order.
 Every admission, straight or after a wait, moves the pool's virtual time, so a tenant that used the pool while
-nobody queued has its turn counted too.
+nobody queued has its turn counted too. With a shared ledger (several replicas), a waiter's tag comes from the pool's
+clock in Redis when it takes its place in the shared queue, so the order is one across replicas, and the reserve
+script admits a request only when it is its turn there (``shared/scripts.py``). A waiter turned down is *held*: it
+does not ask again until the pool's totals are read again (a release on any replica wakes the pool, else
+``poll_s``), so a replica never spins on Redis.
 
 Head-of-line policy. A waiter that does not fit must not block smaller ones forever, nor be starved by a stream of
 them. So a request may overtake a waiter held back by the *pool* only while that waiter has waited less than
@@ -55,6 +59,7 @@ from gateway.admission.ledger import Ledger, Reservation
 from gateway.admission.permit import Permit
 from gateway.admission.planner import plan
 from gateway.admission.shared.pools import SharedPools, combine, limits_for
+from gateway.admission.shared.store import Place
 from gateway.admission.stats import QueueCounters, QueueStats, WaiterView
 from gateway.admission.types import Admit, LedgerSnapshot, Policy, PoolKey, PoolSpec, Reject, RequestCost, Wait
 
@@ -82,6 +87,7 @@ class _Waiter:
     queued: bool = False  # the first dispatch did not admit it, so it really waited
     placed: bool = False  # counted against max_queue (here, and across replicas when shared)
     joined: bool = False  # holds a place in the shared queue, to give back when it leaves
+    held: bool = False  # the shared ledger said it is not its turn: wait for fresh totals before asking again
 
     @property
     def order(self) -> tuple[int, float, int]:
@@ -128,7 +134,7 @@ class WaitingRoom:
         if freed:
             if self._shared is not None:
                 self._shared.release(reservation)
-            self._dispatch(reservation.key)
+            self.redispatch(reservation.key)
         return freed
 
     @property
@@ -140,7 +146,10 @@ class WaitingRoom:
         return tuple(self._queues)
 
     def redispatch(self, key: PoolKey) -> None:
-        """Capacity may have come back elsewhere (another replica released): let the pool's waiters in."""
+        """Capacity may have come back (here, or another replica released): let the pool's waiters in, those the
+        shared ledger held back too."""
+        for waiter in self._queues.get(key, ()):
+            waiter.held = False
         self._dispatch(key)
 
     def pool_snapshot(self, key: PoolKey) -> LedgerSnapshot:
@@ -175,12 +184,12 @@ class WaitingRoom:
         shared.refuse_if_down(key)
         shared.know(pool)
         again: _Waiter | Tag | None = None
-        while True:  # admitted here, then committed across replicas; a lost race waits again, in its place
+        while True:  # admitted here, then committed across replicas; a lost race (or not its turn) waits again
             grant, again = await self._admit_here(key, pool, cost, policy, is_disconnected, again)
-            if await self._commit(shared, grant, pool, policy, again):
-                if isinstance(again, _Waiter) and again.joined:
-                    shared.leave_queue(key, again.seq)
+            if await self._commit(shared, grant, pool, cost, policy, again):
                 return grant
+            if isinstance(again, _Waiter):
+                again.held = True
 
     async def _admit_here(
         self,
@@ -196,7 +205,7 @@ class WaitingRoom:
         the queue now. The second value is what to pass as ``again`` if this admission loses too."""
         if isinstance(again, Tag):
             future: asyncio.Future[_Grant] = asyncio.get_running_loop().create_future()
-            waiter = _Waiter(next(self._seq), key, pool, cost, policy, self._clock(), future, again)
+            waiter = _Waiter(next(self._seq), key, pool, cost, policy, self._clock(), future, again, held=True)
         elif again is None:
             first = plan(cost, pool, self.pool_snapshot(key), policy)
             if isinstance(first, Reject):  # rejections never depend on the snapshot: refuse now, not after a wait
@@ -237,22 +246,25 @@ class WaitingRoom:
         key, policy = waiter.key, waiter.policy
         waiting = len(queue)
         if waiting <= policy.max_queue and self._shared is not None and not waiter.future.done():
-            tokens = _reserve_tokens(Wait(""), waiter.cost, waiter.pool, policy)
-            across = await self._shared.join_queue(key, waiter.seq, policy.max_queue, tokens, waiter.cost.sequences)
-            if across is not None:
-                waiting = across
-                waiter.joined = across <= policy.max_queue
+            joined = await self._shared.join_queue(key, waiter.seq, policy.max_queue, _place(waiter))
+            if joined is not None:
+                waiting = joined.waiting
+                waiter.joined = joined.placed
+                if joined.placed:  # the fair order across replicas: the tag from the pool's clock in Redis
+                    waiter.tag = Tag(waiter.cost.tenant, joined.start, joined.finish)
+                    self._queues.get(key, []).sort(key=lambda w: w.order)
         if waiting > policy.max_queue and not waiter.future.done():
             self._counter(key).queue_full_total += 1
             raise AdmissionRejected(errors.queue_full(key, waiting - 1, policy.max_queue))  # those before it
 
-    async def _commit(self, shared: SharedPools, grant: _Grant, pool: PoolSpec, policy: Policy,
+    async def _commit(self, shared: SharedPools, grant: _Grant, pool: PoolSpec, cost: RequestCost, policy: Policy,
                       waiter: _Waiter | Tag) -> bool:
-        """Make a grant final across replicas; a lost race frees it here and answers False."""
+        """Make a grant final across replicas; a lost race (or not its turn yet) frees it here and answers False."""
         reservation = grant.reservation
         place = waiter.seq if isinstance(waiter, _Waiter) and waiter.joined else None
         commit = asyncio.ensure_future(shared.commit(reservation, limits_for(pool, policy), waiter=place,
-                                                     overtake_s=policy.overtake_window_s))
+                                                     overtake_s=policy.overtake_window_s,
+                                                     weight=cost.weight, priority=cost.priority))
         try:
             committed = await asyncio.shield(commit)
         except asyncio.CancelledError:  # the lease may land after this: free it once the commit is done
@@ -311,6 +323,9 @@ class WaitingRoom:
             return
         now_s = self._clock()
         for waiter in tuple(queue):
+            if waiter.held:
+                waiter.reason = _NOT_ITS_TURN
+                continue
             decision = plan(waiter.cost, waiter.pool, self.pool_snapshot(key), waiter.policy)
             if isinstance(decision, Wait):
                 waiter.reason = decision.reason
@@ -349,6 +364,18 @@ class WaitingRoom:
 
     def _view(self, waiter: _Waiter, now_s: float) -> WaiterView:
         return WaiterView(waiter.cost.tenant, waiter.cost.priority, now_s - waiter.enqueued_at_s, waiter.reason)
+
+
+_NOT_ITS_TURN = ("requests ahead of it in the fair order, waiting on other replicas of kvgate, take the freed room "
+                 "first")
+
+
+def _place(waiter: _Waiter) -> Place:
+    """What the shared queue keeps of a waiter: what it will reserve, what orders it, and its tenant's caps."""
+    limits = limits_for(waiter.pool, waiter.policy)
+    return Place(_reserve_tokens(Wait(""), waiter.cost, waiter.pool, waiter.policy), waiter.cost.sequences,
+                 waiter.cost.tenant, waiter.cost.weight, waiter.cost.priority, limits.tenant_max_active,
+                 limits.tenant_share_tokens)
 
 
 def _reserve_tokens(first: Admit | Wait, cost: RequestCost, pool: PoolSpec, policy: Policy) -> int:

@@ -16,6 +16,7 @@ from gateway.tokens.text import content_text
 
 _TYPES = {
     401: "authentication_error",
+    403: "permission_error",
     400: "invalid_request_error", 404: "not_found_error",
     413: "request_too_large",
     504: "timeout_error",

@@ -17,6 +17,7 @@ from gateway.errors import GatewayError, InvalidField
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     413: "invalid_request_error",
     501: "not_supported_error",

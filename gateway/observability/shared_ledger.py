@@ -22,9 +22,13 @@ class SharedLedgerCollector(Collector):
         for name, doc, value in (
             ("kvgate_shared_ledger_outages", "Times Redis stopped answering (on_unreachable applied)",
              shared.down_total),
-            ("kvgate_shared_ledger_lost_races", "Admissions the reserve script turned down (another replica took "
-             "the room first, or it would have taken the room of a request waiting past overtake_window_s); they "
-             "waited again", shared.lost_races_total),
+            ("kvgate_shared_ledger_lost_races", "Admissions the reserve script turned down because another replica "
+             "took the room first; they waited again", shared.lost_races_total),
+            ("kvgate_shared_ledger_turns_kept", "Admissions the reserve script turned down to keep the fair order "
+             "across replicas (a request ahead of it, waiting on any replica, takes the room first); they waited "
+             "again", shared.turns_kept_total),
+            ("kvgate_shared_ledger_wakeups", "Times a release on some replica woke this replica's waiters before "
+             "their next poll", shared.wakeups_total),
             ("kvgate_shared_ledger_expired_leases", "Leases seen expired (a replica stopped renewing them)",
              shared.expired_total),
             ("kvgate_shared_ledger_readded_leases", "This replica's leases that had expired while it was cut off "
@@ -42,5 +46,6 @@ def shared_status(shared: SharedPools | None) -> dict[str, Any]:
         "enabled": True, "up": shared.up, "down_reason": None if shared.up else shared.down_reason,
         "replica": shared.store.replica, "prefix": config.prefix, "lease_ttl_s": config.lease_ttl_s,
         "on_unreachable": config.on_unreachable, "outages": shared.down_total,
-        "lost_races": shared.lost_races_total, "expired_leases": shared.expired_total,
+        "lost_races": shared.lost_races_total, "turns_kept": shared.turns_kept_total,
+        "wakeups": shared.wakeups_total, "expired_leases": shared.expired_total,
     }

@@ -26,7 +26,8 @@ async def gateway() -> AsyncIterator[tuple[str, FakeLLM]]:
 @pytest.mark.parametrize(("method", "template"), FORWARDED)
 async def test_route_is_forwarded(gateway: tuple[str, FakeLLM], method: str, template: str) -> None:
     url, fake = gateway
-    path = template.replace("{digest}", "sha256:abc").replace("{model:.+}", "llama3.1:8b") + "?trace=1"
+    path = (template.replace("{digest}", "sha256:abc").replace("{model:.+}", "llama3.1:8b").replace("{id_slot}", "0")
+            + "?trace=1")
     async with aiohttp.ClientSession() as http, http.request(
         method, url + path, json=None if method in ("GET", "HEAD") else BODY
     ) as response:

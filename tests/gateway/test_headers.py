@@ -104,3 +104,10 @@ def test_repeated_end_to_end_headers_keep_every_value() -> None:
     sent = headers(("Accept", "a"), ("Accept", "b"), ("Set-Cookie", "x=1"), ("Set-Cookie", "y=2"))
     assert upstream(sent).getall("Accept") == ["a", "b"]
     assert downstream_response_headers(sent, request_id="r").getall("Set-Cookie") == ["x=1", "y=2"]
+
+
+def test_a_backends_kvgate_headers_never_pass_for_this_gateways() -> None:
+    sent = headers(("X-Kvgate-Queue-Wait-S", "0"), ("x-kvgate-route", "forged"), ("X-Kvgate", "kept: not ours"),
+                   ("X-Kvgateway-Thing", "kept"), ("Content-Type", "application/json"))
+    out = downstream_response_headers(sent, request_id="r")
+    assert sorted(out) == ["Content-Type", "X-Kvgate", "X-Kvgateway-Thing", REQUEST_ID]

@@ -270,3 +270,48 @@ async def test_without_an_admin_key_management_is_for_this_machine_only() -> Non
                 assert response.status == 200
         finally:
             await opened.cleanup()
+
+
+LLAMA_SERVER_STATE = [
+    ("POST", "/slots/0?action=erase", b""),
+    ("POST", "/slots/1?action=restore", b'{"filename": "other-tenant.bin"}'),
+    ("POST", "/slots/1?action=save", b'{"filename": "x.bin"}'),
+    ("POST", "/props", b"{}"),
+    ("POST", "/lora-adapters", b'[{"id": 0, "scale": 1.0}]'),
+    ("POST", "/models/load", b'{"model": "other"}'),
+    ("POST", "/models/unload", b'{"model": "llama3.1:8b"}'),
+]
+
+
+async def test_llama_servers_state_changing_routes_need_the_admin_key() -> None:
+    """A tenant that could erase a slot (other tenants' prompt caches) or restore one from a file (KV cells that no
+    reservation counts) would undo what kvgate keeps; these go only with the admin key. Reading them does not."""
+    rows = []
+    async with running(FakeLLM()) as fake, aiohttp.ClientSession() as http:
+        app = create_app(load_settings(None, backends=[{"name": "ls", "kind": "llama-server", "url": fake.url}],
+                                       server={"admin_key": SECRET}), refresh_models=False)
+        runner, port = await start_server(app, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for method, path, body in LLAMA_SERVER_STATE:
+                async with http.request(method, url + path, data=body) as response:
+                    refused = response.status
+                    error = (await response.json())["error"]
+                    assert error["type"] == "permission_error" and error["code"] == 403  # llama-server's format
+                    assert "admin key" in error["message"]
+                forwarded_before = len([s for s in fake.seen if s.path_qs == path])
+                auth = {"Authorization": f"Bearer {SECRET}"}
+                async with http.request(method, url + path, data=body, headers=auth) as response:
+                    admitted = response.status
+                forwarded = [s for s in fake.seen if s.path_qs == path]
+                rows.append(f"  {method} {path:<26} no key -> {refused}, admin key -> {admitted} (forwarded "
+                            f"{len(forwarded)})")
+                assert (refused, forwarded_before, len(forwarded)) == (403, 0, 1)
+                assert "Authorization" not in forwarded[0].headers
+            for path in ("/props", "/slots", "/lora-adapters"):
+                async with http.get(url + path) as response:
+                    rows.append(f"  GET {path:<30} no key -> {response.status}")
+                    assert response.status == 200
+        finally:
+            await runner.cleanup()
+    print("\n" + "\n".join(rows))

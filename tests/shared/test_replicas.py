@@ -36,7 +36,8 @@ POLICY = Policy(queue_timeout_s=5.0)
 
 
 def fast(url: str, **changes: Any) -> SharedLedgerConfig:
-    return SharedLedgerConfig(redis_url=url, lease_ttl_s=0.6, poll_s=0.02, **changes)  # type: ignore[arg-type]
+    settings: dict[str, Any] = {"redis_url": url, "lease_ttl_s": 0.6, "poll_s": 0.02, **changes}
+    return SharedLedgerConfig(**settings)
 
 
 @contextlib.asynccontextmanager
@@ -232,3 +233,39 @@ async def test_when_redis_comes_back_the_replica_shares_again_and_its_leases_are
             await store.close()
             assert (totals.reserved_tokens, totals.active_sequences) == (3_000, 1)  # the held lease, counted
             held.release()
+
+
+async def test_freed_room_goes_to_the_fair_order_across_replicas_and_wakes_the_other_replica(redis_url: str) -> None:
+    """Replica a holds the pool with tenant batch and has 4 more batch requests queued; replica b has one code
+    request queued (tag: the pool's virtual time, ahead of batch's backlog). When a frees room, b's code request gets
+    it, not a's own next waiter; and b hears of it at once, though it reads the pool's totals only every 2 s."""
+    slow = fast(redis_url, poll_s=2.0)
+    order: list[str] = []
+    async with replica(fast(redis_url)) as a, replica(slow) as b:
+        fill = [await a.acquire(POOL.key, POOL, cost(5_000, "batch"), POLICY) for _ in range(2)]
+
+        async def take(room: WaitingRoom, label: str, tokens: int, tenant: str) -> float:
+            started_s = asyncio.get_running_loop().time()
+            permit = await room.acquire(POOL.key, POOL, cost(tokens, tenant), POLICY)
+            order.append(label)
+            waited_s = asyncio.get_running_loop().time() - started_s
+            await asyncio.sleep(0.05)
+            permit.release()
+            return waited_s
+
+        backlog = [asyncio.create_task(take(a, f"a: batch {n}", 4_500, "batch")) for n in range(4)]
+        await asyncio.sleep(0.2)
+        code = asyncio.create_task(take(b, "b: code", 1_000, "code"))
+        await asyncio.sleep(0.3)
+        assert order == [] and b.queue_length(POOL.key) == 1
+        released_s = asyncio.get_running_loop().time()
+        fill[0].release()  # 5,000 free: a's next batch request (4,500) would fit, but code's tag is lower
+        await asyncio.wait_for(code, timeout=1.5)
+        code_after_s = asyncio.get_running_loop().time() - released_s
+        fill[1].release()
+        await asyncio.wait_for(asyncio.gather(*backlog), timeout=5)
+    print(f"\n  admitted in order: {order}; b's code request admitted {code_after_s * 1000:.0f} ms after a freed "
+          f"room (b polls every 2 s)")
+    assert order[0] == "b: code"
+    assert code_after_s < 0.5  # woken by the release, not by its 2 s poll
+    assert b.shared is not None and b.shared.wakeups_total >= 1

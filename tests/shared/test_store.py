@@ -6,10 +6,11 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+import redis.asyncio as aioredis
 
 from gateway.admission.ledger import Ledger
 from gateway.admission.rates import RateLimit
-from gateway.admission.shared.store import Limits, SharedStore
+from gateway.admission.shared.store import Limits, Place, SharedStore
 from gateway.admission.types import PoolKey
 
 KEY = PoolKey("gpu0", "llama3.1:8b")
@@ -83,11 +84,17 @@ async def test_a_renewal_keeps_a_lease_alive_and_adds_back_one_that_expired(two:
 
 async def test_the_queue_holds_at_most_max_queue_across_replicas(two: list[SharedStore]) -> None:
     a, b = two
-    assert await a.join_queue(KEY, "1", max_queue=2, ttl_s=10) == (True, 1)
-    assert await b.join_queue(KEY, "1", max_queue=2, ttl_s=10) == (True, 2)  # another replica's waiter 1
-    assert await b.join_queue(KEY, "2", max_queue=2, ttl_s=10) == (False, 2)
+
+    async def join(store: SharedStore, waiter: str) -> tuple[bool, int]:
+        joined = await store.join_queue(KEY, waiter, max_queue=2, ttl_s=10, place=Place(0, 1, "web"))
+        return joined.placed, joined.waiting
+
+    assert await join(a, "1") == (True, 1)
+    assert await join(b, "1") == (True, 2)  # another replica's waiter 1
+    assert await join(b, "2") == (False, 2)
+    assert await join(a, "1") == (True, 2)  # joining again keeps the place
     await a.leave_queue(KEY, "1")
-    assert await b.join_queue(KEY, "2", max_queue=2, ttl_s=10) == (True, 2)
+    assert await join(b, "2") == (True, 2)
 
 
 async def test_rate_buckets_are_shared_and_say_when_to_retry(two: list[SharedStore]) -> None:
@@ -115,29 +122,109 @@ async def test_the_store_never_shows_the_redis_password(redis_url: str) -> None:
 
 
 async def test_a_long_waiting_request_keeps_its_room_across_replicas(two: list[SharedStore]) -> None:
-    """Replica a's request for 8,000 tokens has waited past the overtake window: replica b may still take what
-    leaves 8,000 free (2,000), not more; the waiter itself then gets its room."""
+    """Replica a's request for 8,000 tokens does not fit (b holds 4,000 of 10,000). Within the overtake window b may
+    pass it; once it has waited past the window, b may not: freed tokens accumulate for it, whichever replica frees
+    them, and then it gets its room."""
     a, b = two
-    assert await a.join_queue(KEY, "7", max_queue=10, ttl_s=10, tokens=8_000, sequences=1) == (True, 1)
-    await asyncio.sleep(0.05)
     ledger_b = Ledger()
-    small = await b.reserve(ledger_b.reserve(KEY, 2_000, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)
-    big = await b.reserve(ledger_b.reserve(KEY, 3_000, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)
-    early = await b.reserve(ledger_b.reserve(KEY, 3_000, "web"), UNIFIED, ttl_s=10, overtake_s=60)  # within window
-    head = await a.reserve(Ledger().reserve(KEY, 5_000, "ci"), UNIFIED, ttl_s=10, waiter="7", overtake_s=0.01)
-    print(f"\n  b 2,000 -> {small.verdict}; b 3,000 -> {big.verdict}; b 3,000 (window 60 s) -> {early.verdict}; "
-          f"the waiter -> {head.verdict}")
-    assert (small.verdict, big.verdict, early.verdict, head.verdict) == ("ok", "behind", "ok", "ok")
-    await a.leave_queue(KEY, "7")
+    hold = ledger_b.reserve(KEY, 4_000, "web")
+    assert (await b.reserve(hold, UNIFIED, ttl_s=10)).verdict == "ok"
+    assert (await a.join_queue(KEY, "7", max_queue=10, ttl_s=10, place=Place(8_000, 1, "ci"))).placed
+    await asyncio.sleep(0.05)
+    early = ledger_b.reserve(KEY, 1_000, "web")
+    passed = await b.reserve(early, UNIFIED, ttl_s=10, overtake_s=60)  # within the window
+    late = await b.reserve(ledger_b.reserve(KEY, 1_000, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)
+    await b.release(hold)
+    await b.release(early)
+    head = await a.reserve(Ledger().reserve(KEY, 8_000, "ci"), UNIFIED, ttl_s=10, waiter="7", overtake_s=0.01)
+    print(f"\n  b 1,000 (window 60 s) -> {passed.verdict}; b 1,000 (window 0.01 s) -> {late.verdict}; "
+          f"the waiter, once b released -> {head.verdict}")
+    assert (passed.verdict, late.verdict, head.verdict) == ("ok", "behind", "ok")
     after = await b.reserve(ledger_b.reserve(KEY, 0, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)
-    assert after.verdict == "ok"  # the head left: nothing is kept back
+    assert after.verdict == "ok"  # the waiter was served and left the queue: nothing is kept back
 
 
 async def test_a_dead_replicas_waiter_stops_holding_room_when_its_place_expires(two: list[SharedStore]) -> None:
     a, b = two
-    assert (await a.join_queue(KEY, "1", max_queue=10, ttl_s=0.2, tokens=9_000, sequences=1))[0]
+    assert (await a.join_queue(KEY, "1", max_queue=10, ttl_s=0.2, place=Place(9_000, 1, "ci"))).placed
     await asyncio.sleep(0.05)
     blocked = await b.reserve(Ledger().reserve(KEY, 5_000, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)
     assert blocked.verdict == "behind"
     await asyncio.sleep(0.25)  # replica a stopped touching its waiter's place
     assert (await b.reserve(Ledger().reserve(KEY, 5_000, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)).verdict == "ok"
+
+
+async def test_one_fair_order_across_replicas(two: list[SharedStore], redis_url: str) -> None:
+    """The pool's virtual time and the tenants' tags live in Redis: replica a's batch backlog and replica b's code
+    request are ordered as in one waiting room. Freed room goes to the lowest tag that fits, whichever replica asks
+    first (a waiter ahead that does not fit, and has waited less than the overtake window, may be passed); a request
+    that did not queue is placed where it would be tagged now."""
+    a, b = two
+    ledger_a, ledger_b = Ledger(), Ledger()
+    big, small = ledger_a.reserve(KEY, 6_000, "batch"), ledger_a.reserve(KEY, 4_000, "batch")
+    for held in (big, small):
+        assert (await a.reserve(held, UNIFIED, ttl_s=10)).verdict == "ok"  # batch: tags 0 and 6,000, finish 10,000
+    tags = {}
+    for n in range(3):
+        joined = await a.join_queue(KEY, f"b{n}", max_queue=10, ttl_s=10, place=Place(4_000, 1, "batch"))
+        tags[f"a batch waiter {n}"] = (joined.start, joined.finish)
+    joined = await b.join_queue(KEY, "c0", max_queue=10, ttl_s=10, place=Place(1_000, 1, "code", weight=2.0))
+    tags["b code waiter (weight 2)"] = (joined.start, joined.finish)
+    assert tags == {"a batch waiter 0": (10_000, 14_000), "a batch waiter 1": (14_000, 18_000),
+                    "a batch waiter 2": (18_000, 22_000), "b code waiter (weight 2)": (6_000, 6_500)}
+    await a.release(small)  # 4,000 free: enough for a's next batch request, or for b's code request
+    rows = {}
+
+    async def ask(label: str, store: SharedStore, tokens: int, tenant: str, **kw: object) -> str:
+        ledger = ledger_a if store is a else ledger_b  # one ledger per replica: its reservation ids are unique
+        answer = await store.reserve(ledger.reserve(KEY, tokens, tenant), UNIFIED, ttl_s=10, **kw)  # type: ignore[arg-type]
+        rows[label] = answer.verdict
+        return answer.verdict
+
+    await ask("a: batch waiter 0 (tag 10,000), first to ask", a, 4_000, "batch", waiter="b0")
+    await ask("a: batch, not queued (tag 22,000)", a, 3_500, "batch")
+    await ask("a: chat, not queued (tag 6,000, after code's)", a, 3_500, "chat")
+    await ask("b: code waiter (tag 6,000)", b, 1_000, "code", waiter="c0")
+    await ask("a: batch waiter 0, again", a, 4_000, "batch", waiter="b0")
+    await ask("a: chat, not queued, now", a, 3_000, "chat")
+    print("\n" + "\n".join(f"  {label:<48} -> {verdict}" for label, verdict in rows.items()))
+    assert list(rows.values()) == ["behind", "behind", "behind", "ok", "tokens", "ok"]
+    client = aioredis.Redis.from_url(redis_url)
+    fair = await client.hgetall(f"t:pool:{len(KEY.backend)}:{KEY.backend}:{KEY.model}:fair")
+    await client.aclose()
+    assert float(fair[b"v"]) == 6_000  # serving code's request moved virtual time to its start
+
+
+async def test_a_waiter_that_leaves_gives_its_tag_back(two: list[SharedStore]) -> None:
+    a, _ = two
+    first = await a.join_queue(KEY, "1", max_queue=10, ttl_s=10, place=Place(4_000, 1, "batch"))
+    await a.leave_queue(KEY, "1")
+    again = await a.join_queue(KEY, "2", max_queue=10, ttl_s=10, place=Place(4_000, 1, "batch"))
+    assert (first.start, again.start) == (0, 0)  # not charged for work it never got
+    second = await a.join_queue(KEY, "3", max_queue=10, ttl_s=10, place=Place(4_000, 1, "batch"))
+    assert second.start == 4_000
+
+
+async def test_priority_goes_first_and_a_waiter_held_by_its_tenant_cap_keeps_no_room(two: list[SharedStore]) -> None:
+    a, b = two
+    capped = Limits(slots=4, pool_tokens=10_000, tenant_max_active=1, tenant_share_tokens=None)
+    ledger_a, ledger_b = Ledger(), Ledger()
+    for tokens, tenant in ((5_000, "ops"), (1_000, "ci")):  # tags 0 for both; ops's finish 5,000, ci's 1,000
+        assert (await a.reserve(ledger_a.reserve(KEY, tokens, tenant), capped, ttl_s=10)).verdict == "ok"
+    # ci's waiter (tag 1,000) is ahead of ops's next request (tag 5,000), but ci runs 1 of its 1 allowed: held by
+    # its own tenant's cap, it keeps none of the 4,000 free tokens
+    place = Place(4_000, 1, "ci", tenant_max_active=1)
+    assert (await a.join_queue(KEY, "ci", max_queue=10, ttl_s=10, place=place)).placed
+    rows = {}
+
+    async def ops(label: str, tokens: int, priority: int) -> None:
+        answer = await b.reserve(ledger_b.reserve(KEY, tokens, "ops"), UNIFIED, ttl_s=10, priority=priority)
+        rows[label] = answer.verdict
+
+    await ops("ops 3,000 (ci's capped waiter ahead)", 3_000, 0)
+    # web's waiter (tag 0: web was idle) is ahead of ops's next request, and fits in the last 1,000
+    assert (await a.join_queue(KEY, "web", max_queue=10, ttl_s=10, place=Place(1_000, 1, "web"))).placed
+    await ops("ops 1,000, priority 0", 1_000, 0)
+    await ops("ops 1,000, priority 1", 1_000, 1)
+    print("\n" + "\n".join(f"  {label:<36} -> {verdict}" for label, verdict in rows.items()))
+    assert list(rows.values()) == ["ok", "behind", "ok"]

@@ -9,10 +9,13 @@ single kvgate does, against a snapshot that adds what the *other* replicas hold 
     others(key)        =  the pool's totals in Redis (every replica's leases)  -  this replica's committed leases
 
 ``others`` is as fresh as the last script's answer: each commit, release and renewal returns the totals, and while
-requests wait their pools' totals are read every ``poll_s``. A stale view is never unsafe, because an admission is
-only final once ``commit`` has added the lease in Redis, where the reserve script checks the planner's capacity
-rules again, atomically, against every replica's leases. A request that lost that race (another replica took the
-room first) goes back to its place in the queue with the fresh totals and waits like any other.
+requests wait their pools' totals are read every ``poll_s``, and at once when any replica frees room in one of them
+(the scripts publish it; this replica listens on its own connection). A stale view is never unsafe, because an
+admission is only final once ``commit`` has added the lease in Redis, where the reserve script checks the planner's
+capacity rules again, atomically, against every replica's leases, and the fair order across replicas (the pool's
+virtual time and tenants' tags live in Redis, and a waiter's place carries its tag). A request that lost that race
+(another replica took the room first) or whose turn it is not (``behind``: a request ahead of it in the fair order,
+waiting on any replica, fits first) goes back to its place in the queue and waits like any other.
 
 Leases. Each reservation is a lease with an expiry on Redis's clock. The replica renews all of its live leases every
 third of ``lease_ttl_s``, so a replica that dies (SIGKILL, a crashed host, a partition) stops renewing and its
@@ -38,11 +41,14 @@ from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
+from redis.asyncio.client import PubSub
+from redis.exceptions import RedisError
+
 from gateway.admission import errors
 from gateway.admission.errors import AdmissionRejected
 from gateway.admission.ledger import Reservation
 from gateway.admission.planner import tenant_share_tokens
-from gateway.admission.shared.store import Answer, Limits, SharedStore, StoreUnreachable
+from gateway.admission.shared.store import Answer, Joined, Limits, Place, SharedStore, StoreUnreachable
 from gateway.admission.types import LedgerSnapshot, Policy, PoolKey, PoolSpec
 from gateway.config_shared import SharedLedgerConfig
 
@@ -95,6 +101,8 @@ class SharedPools:
         self._others: dict[PoolKey, LedgerSnapshot] = {}
         self._mine: dict[PoolKey, dict[int, Reservation]] = {}
         self._pools: dict[PoolKey, PoolSpec] = {}
+        self._named: dict[str, PoolKey] = {}  # pool names in Redis (what a 'freed' message carries)
+        self._listener: PubSub | None = None
         self._waiting: dict[PoolKey, set[int]] = {}  # this replica's waiters with a place in the shared queue
         self._tasks: set[asyncio.Task[None]] = set()
         self.up = True
@@ -103,6 +111,8 @@ class SharedPools:
         self.expired_total = 0
         self.readded_total = 0
         self.lost_races_total = 0
+        self.turns_kept_total = 0
+        self.wakeups_total = 0
 
     def __repr__(self) -> str:
         return f"SharedPools({self.store!r}, up={self.up})"
@@ -125,16 +135,19 @@ class SharedPools:
             raise AdmissionRejected(errors.ledger_unavailable(key, self.down_reason))
 
     def know(self, pool: PoolSpec) -> None:
+        if pool.key not in self._pools:
+            self._named[self.store.pool_name(pool.key)] = pool.key
         self._pools[pool.key] = pool
 
     # --- commits and releases ---------------------------------------------------------------------------------------
 
     async def commit(self, reservation: Reservation, limits: Limits, *, waiter: int | None = None,
-                     overtake_s: float = 5.0) -> bool:
+                     overtake_s: float = 5.0, weight: float = 1.0, priority: int = 0) -> bool:
         """Make a local reservation final across replicas: True when its lease is in Redis (or, Redis down with
         ``local_share``, when it was planned against this replica's share); False when another replica took the
-        room first, or Redis just went away (plan again). Raises ``AdmissionRejected`` (503) when Redis is down
-        and the policy is to refuse."""
+        room first, it is not the request's turn in the fair order, or Redis just went away (plan again). Raises
+        ``AdmissionRejected`` (503) when Redis is down and the policy is to refuse. ``waiter`` is the request's
+        place in the shared queue (None: it did not queue; ``weight`` and ``priority`` place it)."""
         key = reservation.key
         if not self.up:
             self.refuse_if_down(key)
@@ -142,13 +155,18 @@ class SharedPools:
             return True
         try:
             answer = await self.store.reserve(reservation, limits, self._config.lease_ttl_s,
-                                              waiter=None if waiter is None else str(waiter), overtake_s=overtake_s)
+                                              waiter=None if waiter is None else str(waiter), overtake_s=overtake_s,
+                                              weight=weight, priority=priority)
         except StoreUnreachable as exc:
             self.went_down(str(exc))
             self.refuse_if_down(key)
             return False  # plan again, now against this replica's share
         if answer.verdict == "ok":
             self._mine.setdefault(key, {})[reservation.id] = reservation
+            if waiter is not None:
+                self._forget_waiter(key, waiter)  # the script took its place out of the queue
+        elif answer.verdict == "behind":
+            self.turns_kept_total += 1
         else:
             self.lost_races_total += 1
         self._saw(key, answer)
@@ -172,30 +190,36 @@ class SharedPools:
             return
         self._saw(reservation.key, answer)
 
-    async def join_queue(self, key: PoolKey, seq: int, max_queue: int, tokens: int, sequences: int) -> int | None:
-        """Take a place in the pool's queue across replicas: how many wait with this one (more than
-        ``max_queue``: no place); None when Redis is unreachable (the replica's own queue limit still holds). The
-        place is renewed with every poll while the request waits, and expires ``lease_ttl_s`` after the last."""
+    async def join_queue(self, key: PoolKey, seq: int, max_queue: int, place: Place) -> Joined | None:
+        """Take a place in the pool's queue across replicas, and a fair tag from the pool's clock in Redis: how many
+        wait with this one (more than ``max_queue``: no place); None when Redis is unreachable (the replica's own
+        queue and tags still hold). The place is renewed with every poll while the request waits, and expires
+        ``lease_ttl_s`` after the last."""
         if not self.up:
             return None
         try:
-            ok, waiting = await self.store.join_queue(key, str(seq), max_queue, self._config.lease_ttl_s,
-                                                      tokens=tokens, sequences=sequences)
+            joined = await self.store.join_queue(key, str(seq), max_queue, self._config.lease_ttl_s, place)
         except StoreUnreachable as exc:
             self.went_down(str(exc))
             return None
-        if ok:
+        if joined.placed:
             self._waiting.setdefault(key, set()).add(seq)
-        return waiting if ok else waiting + 1
+            return joined
+        return Joined(False, joined.waiting + 1)
 
     def leave_queue(self, key: PoolKey, seq: int) -> None:
-        waiting = self._waiting.get(key)
-        if waiting is not None:
-            waiting.discard(seq)
-            if not waiting:
-                del self._waiting[key]
-        if self.up:
+        """A waiter leaves unserved: its place goes (in the background), and with it the room it kept."""
+        if self._forget_waiter(key, seq) and self.up:
             self._spawn(self._leave(key, seq))
+
+    def _forget_waiter(self, key: PoolKey, seq: int) -> bool:
+        waiting = self._waiting.get(key)
+        if waiting is None or seq not in waiting:
+            return False
+        waiting.discard(seq)
+        if not waiting:
+            del self._waiting[key]
+        return True
 
     async def _leave(self, key: PoolKey, seq: int) -> None:
         try:
@@ -224,12 +248,13 @@ class SharedPools:
             self._saw(key, answer)
         self._came_back()
 
-    async def refresh(self, keys: Iterable[PoolKey]) -> None:
-        """Read the totals of the pools whose requests wait."""
+    async def refresh(self, keys: Iterable[PoolKey], *, touch: bool = True) -> None:
+        """Read the totals of the pools whose requests wait (and renew those requests' places)."""
         for key in keys:
             try:
-                await self.store.touch_queue(key, [str(seq) for seq in self._waiting.get(key, ())],
-                                             self._config.lease_ttl_s)
+                if touch:
+                    await self.store.touch_queue(key, [str(seq) for seq in self._waiting.get(key, ())],
+                                                 self._config.lease_ttl_s)
                 answer = await self.store.totals(key)
             except StoreUnreachable as exc:
                 self.went_down(str(exc))
@@ -238,20 +263,64 @@ class SharedPools:
 
     async def run(self, waiting: Callable[[], Iterable[PoolKey]], redispatch: Callable[[PoolKey], None]) -> None:
         """Until cancelled: renew leases every third of the ttl; while requests wait, read their pools' totals
-        every ``poll_s`` and let the waiting room dispatch again."""
+        every ``poll_s`` and let the waiting room dispatch again, and in between do so for a pool at once when
+        any replica frees room in it."""
         renew_every_s = self._config.lease_ttl_s / 3
         loop = asyncio.get_running_loop()
         next_renewal_s = loop.time()
-        while True:
-            if loop.time() >= next_renewal_s or not self.up:
-                await self.renew_all()
-                next_renewal_s = loop.time() + renew_every_s
-            keys = tuple(waiting())
-            if keys:
-                await self.refresh(keys)
-                for key in keys:
-                    redispatch(key)
-            await asyncio.sleep(self._config.poll_s if keys or not self.up else min(renew_every_s, 0.5))
+        try:
+            while True:
+                if loop.time() >= next_renewal_s or not self.up:
+                    await self.renew_all()
+                    next_renewal_s = loop.time() + renew_every_s
+                keys = tuple(waiting())
+                if keys:
+                    await self.refresh(keys)
+                    for key in keys:
+                        redispatch(key)
+                pause_s = self._config.poll_s if keys or not self.up else 0.5
+                await self._hear_freed(min(loop.time() + pause_s, next_renewal_s), waiting, redispatch)
+        finally:
+            await self._stop_listening()
+
+    async def _hear_freed(self, until_s: float, waiting: Callable[[], Iterable[PoolKey]],
+                          redispatch: Callable[[PoolKey], None]) -> None:
+        """Until ``until_s``: when a pool with requests waiting here has room again (a release, an expired lease or
+        a departed waiter on any replica), read its totals and let its waiters try at once."""
+        loop = asyncio.get_running_loop()
+        while (left_s := until_s - loop.time()) > 0:
+            name = await self._next_freed(left_s)
+            key = None if name is None else self._named.get(name)
+            if key is not None and key in set(waiting()):
+                self.wakeups_total += 1
+                await self.refresh((key,), touch=False)
+                redispatch(key)
+
+    async def _next_freed(self, timeout_s: float) -> str | None:
+        """The next pool name published on the ledger's channel within ``timeout_s``, or None."""
+        if not self.up:
+            await asyncio.sleep(timeout_s)
+            return None
+        try:
+            if self._listener is None:
+                listener = self.store.subscriber()
+                self._listener = listener
+                await listener.subscribe(self.store.channel)
+            message = await self._listener.get_message(ignore_subscribe_messages=True, timeout=timeout_s)
+        except (RedisError, OSError):  # the next renewal says whether Redis is gone; listen again after it
+            await self._stop_listening()
+            await asyncio.sleep(timeout_s)
+            return None
+        if message is None or message.get("type") != "message":
+            return None
+        data = message.get("data")
+        return data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+
+    async def _stop_listening(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await listener.aclose()  # type: ignore[no-untyped-call]
 
     async def close(self) -> None:
         for task in tuple(self._tasks):

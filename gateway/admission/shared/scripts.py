@@ -1,23 +1,32 @@
 """The Lua scripts that keep the shared ledger in Redis consistent: each runs atomically on the Redis server.
 
-Keys of one pool (``keys.py`` builds the names):
+Keys of one pool (``store._names`` builds them; every script gets all seven):
 
     leases   HASH  lease id -> "tokens|sequences|replica|tenant"          one per live reservation
     expiry   ZSET  lease id -> expiry (ms, Redis's own clock)             renewed by the replica that holds it
     totals   HASH  tokens, seqs, a:<tenant> (sequences), t:<tenant> (tokens)   what the live leases add up to
     queue    ZSET  waiter id -> arrival (ms)                              requests waiting, on every replica
     qexp     ZSET  waiter id -> expiry (ms)                               renewed while its replica polls
-    qinfo    HASH  waiter id -> "tokens|sequences"                        what each waiter will reserve
+    qinfo    HASH  waiter id -> its place: what it will reserve, its priority, its fair tag, its tenant's caps
+    fair     HASH  v (the pool's virtual time), f:<tenant> (its finish tag)   weighted fair queueing, one per pool
 
-The head-of-line rule holds across replicas. A waiter that has waited longer than ``overtake_window_s`` anywhere
-keeps what it needs: nobody else's reservation may leave the pool too full for it (the reserve script checks the
-oldest waiter's needs), so freed tokens accumulate for it whichever replica frees them, as in one waiting room.
+One fair order across replicas. The pool's virtual time and its tenants' finish tags live in Redis, so a request is
+tagged the same way whichever replica it reaches (``fair_share``: ``start = max(v, f[tenant])``, then ``f[tenant]``
+moves by ``tokens / weight``), and the reserve script admits a request only where the waiting room of a single
+kvgate would: it walks the waiters before it in the fair order (priority, then start tag, then arrival), each taking
+its room where it fits (a waiter held back by its own tenant's cap takes none), and stops at one that does not fit
+once it has waited past ``overtake_window_s`` (the head-of-line rule: freed tokens accumulate for it). The request is
+admitted only if what is left holds it; otherwise the answer is ``behind`` and it waits its turn. A request that did
+not queue is placed where it would be tagged now; a waiter leaving unserved gives its tag back when it is still its
+tenant's last.
 
 Every script first drops the leases whose expiry has passed (their replica stopped renewing them: it crashed or is
 cut off), so a dead replica's reservations are gone within ``lease_ttl_s`` of its last renewal, and every script
 answers with the pool's totals (a flat HGETALL) so the caller's view of the other replicas stays fresh. Time is
 Redis's (``TIME``), never a replica's clock: replicas with skewed clocks agree on what has expired. Every write
-refreshes the keys' own expiry, so the pools of a fleet that is gone disappear from Redis too.
+refreshes the keys' own expiry, so the pools of a fleet that is gone disappear from Redis too. Whatever frees room (a
+release, an expired lease, a waiter that leaves) is published on the ledger's channel with the pool's name, so the
+replicas with requests waiting for that pool try again at once instead of at their next poll.
 """
 
 from __future__ import annotations
@@ -57,73 +66,156 @@ local function purge(now)
   return #expired
 end
 local function keep(ttl_ms)
-  for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ttl_ms * 3) end
+  for _, i in ipairs({1, 2, 3, 7}) do redis.call('PEXPIRE', KEYS[i], ttl_ms * 3) end
 end
 local function field(name)
   return tonumber(redis.call('HGET', KEYS[3], name) or '0')
 end
+local function freed(channel, pool)
+  -- room came back: wake the replicas whose requests wait for this pool
+  if channel ~= '' then redis.call('PUBLISH', channel, pool) end
+end
 """
 
 _WAITERS = """
+local function fair_get(name)
+  return tonumber(redis.call('HGET', KEYS[7], name) or '0')
+end
+local function fair_set(name, value)
+  redis.call('HSET', KEYS[7], name, string.format('%.17g', value))
+end
+local function parse_place(v)
+  -- tokens|seqs|priority|start|finish|tenant_cap|tenant_share|tenant
+  local tokens, seqs, prio, start, finish, cap, share, tenant =
+    string.match(v, '^(%d+)|(%d+)|(-?%d+)|([^|]+)|([^|]+)|(-?%d+)|(-?%d+)|(.*)$')
+  return {tokens = tonumber(tokens), seqs = tonumber(seqs), prio = tonumber(prio), start = tonumber(start),
+          finish = tonumber(finish), cap = tonumber(cap), share = tonumber(share), tenant = tenant}
+end
+local function give_back(place)
+  -- a waiter that leaves unserved gives its tag back when it is still its tenant's last
+  if fair_get('f:' .. place.tenant) == place.finish then fair_set('f:' .. place.tenant, place.start) end
+end
+local function forget(id)
+  local v = redis.call('HGET', KEYS[6], id)
+  redis.call('ZREM', KEYS[4], id)
+  redis.call('ZREM', KEYS[5], id)
+  redis.call('HDEL', KEYS[6], id)
+  return v
+end
 local function purge_waiters(now)
   local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)
   for _, id in ipairs(gone) do
-    redis.call('ZREM', KEYS[4], id)
-    redis.call('ZREM', KEYS[5], id)
-    redis.call('HDEL', KEYS[6], id)
+    local v = forget(id)
+    if v then give_back(parse_place(v)) end
   end
+  return #gone
+end
+local function before(a, b)
+  -- the fair order: higher priority first, then the lower start tag, then the earlier arrival
+  if a.prio ~= b.prio then return a.prio > b.prio end
+  if a.start ~= b.start then return a.start < b.start end
+  if a.arrival ~= b.arrival then return a.arrival < b.arrival end
+  return a.id < b.id
+end
+local function ahead_of(me)
+  local arrivals = {}
+  local queue = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
+  for i = 1, #queue, 2 do arrivals[queue[i]] = tonumber(queue[i + 1]) end
+  local ahead = {}
+  local places = redis.call('HGETALL', KEYS[6])
+  for i = 1, #places, 2 do
+    local id = places[i]
+    if id ~= me.id and arrivals[id] then
+      local w = parse_place(places[i + 1])
+      w.id, w.arrival = id, arrivals[id]
+      if before(w, me) then table.insert(ahead, w) end
+    end
+  end
+  table.sort(ahead, before)
+  return ahead
 end
 """
 
 RESERVE = _COMMON + _WAITERS + """
--- KEYS: leases, expiry, totals, queue, qexp, qinfo
--- ARGV: id, value, tokens, seqs, tenant, ttl_ms, slots, pool_tokens (-1: split pool), tenant_cap (-1), share (-1),
---       waiter id ('': admitted without waiting), overtake_ms
+-- KEYS: leases, expiry, totals, queue, qexp, qinfo, fair
+-- ARGV: 1 id, 2 value, 3 tokens, 4 seqs, 5 tenant, 6 ttl_ms, 7 slots, 8 pool_tokens (-1: split pool),
+--       9 tenant_cap (-1), 10 tenant_share (-1), 11 waiter id ('': it did not queue), 12 overtake_ms, 13 weight,
+--       14 priority, 15 channel, 16 pool name
 local now = now_ms()
 local expired = purge(now)
+if expired > 0 then freed(ARGV[15], ARGV[16]) end
 purge_waiters(now)
 local tokens, seqs, tenant = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local ttl, slots, pool, cap, share = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]),
   tonumber(ARGV[10])
-local verdict = 'ok'
-local head = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-if head[1] and head[1] ~= ARGV[11] and now - tonumber(head[2]) >= tonumber(ARGV[12]) then
-  -- the oldest waiter has waited past the overtake window: keep what it needs
-  local needs = redis.call('HGET', KEYS[6], head[1]) or '0|0'
-  local head_tokens, head_seqs = string.match(needs, '^(%d+)|(%d+)$')
-  head_tokens, head_seqs = tonumber(head_tokens), tonumber(head_seqs)
-  if field('seqs') + seqs + head_seqs > slots or (pool >= 0 and field('tokens') + tokens + head_tokens > pool) then
-    verdict = 'behind'
-  end
+local overtake, weight = tonumber(ARGV[12]), tonumber(ARGV[13])
+local placed = ARGV[11] ~= '' and redis.call('HGET', KEYS[6], ARGV[11])
+local me
+if placed then
+  me = parse_place(placed)
+  me.arrival = tonumber(redis.call('ZSCORE', KEYS[4], ARGV[11]) or now)
+  me.id = ARGV[11]
+else  -- where it would be tagged now, after everyone already waiting with the same tag
+  local start = math.max(fair_get('v'), fair_get('f:' .. tenant))
+  me = {prio = tonumber(ARGV[14]), start = start, finish = start + math.max(tokens, 1) / weight, arrival = now,
+        id = '\\255'}
 end
-if verdict ~= 'ok' then
-elseif cap >= 0 and field('a:' .. tenant) + seqs > cap then verdict = 'tenant_active'  -- the planner's order
+local function turn()
+  -- what the waiters ahead in the fair order take first; see the module docstring
+  local room_seqs, room_tokens = slots - field('seqs'), math.huge
+  if pool >= 0 then room_tokens = pool - field('tokens') end
+  local held_a, held_t = {}, {}
+  for _, w in ipairs(ahead_of(me)) do
+    local a = field('a:' .. w.tenant) + (held_a[w.tenant] or 0)
+    local t = field('t:' .. w.tenant) + (held_t[w.tenant] or 0)
+    if (w.cap >= 0 and a + w.seqs > w.cap) or (w.share >= 0 and t + w.tokens > w.share) then
+      -- held back by its own tenant's cap: that cap is about fairness, not capacity; it keeps no room
+    elseif w.seqs <= room_seqs and w.tokens <= room_tokens then
+      room_seqs, room_tokens = room_seqs - w.seqs, room_tokens - w.tokens
+      held_a[w.tenant] = (held_a[w.tenant] or 0) + w.seqs
+      held_t[w.tenant] = (held_t[w.tenant] or 0) + w.tokens
+    elseif now - w.arrival >= overtake then
+      return 'behind'  -- it has waited past the overtake window: every freed token is kept for it
+    end
+  end
+  if seqs > room_seqs or (pool >= 0 and tokens > room_tokens) then return 'behind' end
+  if cap >= 0 and field('a:' .. tenant) + (held_a[tenant] or 0) + seqs > cap then return 'behind' end
+  if share >= 0 and field('t:' .. tenant) + (held_t[tenant] or 0) + tokens > share then return 'behind' end
+  return 'ok'
+end
+local verdict
+if cap >= 0 and field('a:' .. tenant) + seqs > cap then verdict = 'tenant_active'  -- the planner's order
 elseif share >= 0 and field('t:' .. tenant) + tokens > share then verdict = 'tenant_share'
 elseif field('seqs') + seqs > slots then verdict = 'slots'
 elseif pool >= 0 and field('tokens') + tokens > pool then verdict = 'tokens'
+else verdict = turn()
 end
 if verdict == 'ok' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   add(ARGV[1], ARGV[2], now + ttl)
+  fair_set('v', math.max(fair_get('v'), me.start))  -- serving a request moves virtual time to its start
+  if placed then forget(ARGV[11]) else fair_set('f:' .. tenant, me.finish) end
   keep(ttl)
 end
 return {verdict, expired, redis.call('HGETALL', KEYS[3])}
 """
 
 RELEASE = _COMMON + """
--- ARGV: id
+-- ARGV: id, channel, pool name
 local expired = purge(now_ms())
 local dropped = drop(ARGV[1])
+if dropped + expired > 0 then freed(ARGV[2], ARGV[3]) end
 return {dropped, expired, redis.call('HGETALL', KEYS[3])}
 """
 
 RENEW = _COMMON + """
--- ARGV: ttl_ms, then id, value pairs: every live lease of this replica in this pool. A lease that expired (this
--- replica was cut off for longer than the ttl) is added back: it is still running on the backend.
+-- ARGV: ttl_ms, channel, pool name, then id, value pairs: every live lease of this replica in this pool. A lease
+-- that expired (this replica was cut off for longer than the ttl) is added back: it is still running on the backend.
 local now = now_ms()
 local ttl = tonumber(ARGV[1])
 local expired = purge(now)
+if expired > 0 then freed(ARGV[2], ARGV[3]) end
 local readded = 0
-for i = 2, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
     redis.call('ZADD', KEYS[2], now + ttl, ARGV[i])
   else
@@ -141,36 +233,51 @@ return {0, expired, redis.call('HGETALL', KEYS[3])}
 """
 
 QUEUE_JOIN = _WAITERS + """
--- KEYS: -, -, -, queue, qexp, qinfo (the pool's keys). ARGV: id, ttl_ms, max_queue, tokens, seqs.
--- Requests waiting for this pool on every replica, at most max_queue; arrival on Redis's clock.
+-- KEYS: the pool's seven. ARGV: 1 id, 2 ttl_ms, 3 max_queue, 4 tokens, 5 seqs, 6 priority, 7 tenant_cap (-1),
+-- 8 tenant_share (-1), 9 weight, 10 tenant. Requests waiting for this pool on every replica, at most max_queue;
+-- arrival on Redis's clock. Answers {1, waiting, start, finish} (the fair tag, as text) or {0, waiting, '', ''}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 purge_waiters(now)
 local waiting = redis.call('ZCARD', KEYS[4])
-local known = redis.call('ZSCORE', KEYS[4], ARGV[1])
+local known = redis.call('HGET', KEYS[6], ARGV[1])
 if known then waiting = waiting - 1 end
-if waiting >= tonumber(ARGV[3]) then return {0, waiting} end
-if not known then redis.call('ZADD', KEYS[4], now, ARGV[1]) end
+if waiting >= tonumber(ARGV[3]) then return {0, waiting, '', ''} end
+local start, finish
+if known then  -- a place is taken once: it keeps its arrival and its tag
+  local place = parse_place(known)
+  start, finish = place.start, place.finish
+else
+  local tenant, tokens = ARGV[10], tonumber(ARGV[4])
+  start = math.max(fair_get('v'), fair_get('f:' .. tenant))
+  finish = start + math.max(tokens, 1) / tonumber(ARGV[9])
+  fair_set('f:' .. tenant, finish)
+  redis.call('ZADD', KEYS[4], now, ARGV[1])
+  redis.call('HSET', KEYS[6], ARGV[1], table.concat({ARGV[4], ARGV[5], ARGV[6], string.format('%.17g', start),
+    string.format('%.17g', finish), ARGV[7], ARGV[8], tenant}, '|'))
+end
 redis.call('ZADD', KEYS[5], now + tonumber(ARGV[2]), ARGV[1])
-redis.call('HSET', KEYS[6], ARGV[1], ARGV[4] .. '|' .. ARGV[5])
-for i = 4, 6 do redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[2]) * 3) end
-return {1, waiting + 1}
+for i = 4, 7 do redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[2]) * 3) end
+return {1, waiting + 1, string.format('%.17g', start), string.format('%.17g', finish)}
 """
 
 QUEUE_TOUCH = """
--- KEYS: -, -, -, queue, qexp, qinfo. ARGV: ttl_ms, then this replica's waiters in the pool: still waiting.
+-- KEYS: the pool's seven. ARGV: ttl_ms, then this replica's waiters in the pool: still waiting.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for i = 2, #ARGV do redis.call('ZADD', KEYS[5], 'XX', now + tonumber(ARGV[1]), ARGV[i]) end
-for i = 4, 6 do redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[1]) * 3) end
+for i = 4, 7 do redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[1]) * 3) end
 return 1
 """
 
-QUEUE_LEAVE = """
--- KEYS: -, -, -, queue, qexp, qinfo. ARGV: id.
-redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('ZREM', KEYS[5], ARGV[1])
-redis.call('HDEL', KEYS[6], ARGV[1])
+QUEUE_LEAVE = _COMMON + _WAITERS + """
+-- KEYS: the pool's seven. ARGV: id, channel, pool name. A waiter leaves unserved (timeout, disconnect, an error):
+-- its tag goes back if it was its tenant's last, and the room it kept is free for the others.
+local v = forget(ARGV[1])
+if v then
+  give_back(parse_place(v))
+  freed(ARGV[2], ARGV[3])
+end
 return 1
 """
 

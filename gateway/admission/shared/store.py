@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
 from gateway.admission.ledger import Reservation
@@ -47,10 +48,37 @@ class Answer:
     totals: LedgerSnapshot
 
 
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A waiter's place in a pool's queue across replicas: what it will reserve, and where the fair order puts it."""
+
+    tokens: int
+    sequences: int
+    tenant: str
+    weight: float = 1.0
+    priority: int = 0
+    tenant_max_active: int | None = None
+    tenant_share_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """``join_queue``'s answer: whether the waiter has a place, how many wait with it, and its fair tag."""
+
+    placed: bool
+    waiting: int
+    start: float = 0.0
+    finish: float = 0.0
+
+
+def pool_name(prefix: str, key: PoolKey) -> str:
+    """The pool's name in Redis; the backend's name is length-prefixed so no two pools' names can collide."""
+    return f"{prefix}:pool:{len(key.backend)}:{key.backend}:{key.model}"
+
+
 def _names(prefix: str, key: PoolKey) -> list[str]:
-    """The pool's Redis keys; the backend's name is length-prefixed so no two pools' names can collide."""
-    base = f"{prefix}:pool:{len(key.backend)}:{key.backend}:{key.model}"
-    return [f"{base}:{part}" for part in ("leases", "expiry", "totals", "queue", "qexp", "qinfo")]
+    base = pool_name(prefix, key)
+    return [f"{base}:{part}" for part in ("leases", "expiry", "totals", "queue", "qexp", "qinfo", "fair")]
 
 
 def _snapshot(flat: Sequence[Any]) -> LedgerSnapshot:
@@ -86,6 +114,18 @@ class SharedStore:
         self._rate_take = client.register_script(scripts.RATE_TAKE)
         self._rate_settle = client.register_script(scripts.RATE_SETTLE)
 
+    @property
+    def channel(self) -> str:
+        """Where the scripts say that a pool has room again (the message is the pool's name)."""
+        return f"{self._prefix}:freed"
+
+    def pool_name(self, key: PoolKey) -> str:
+        return pool_name(self._prefix, key)
+
+    def subscriber(self) -> PubSub:
+        """A connection of its own that hears ``channel`` (the caller subscribes, reads and closes it)."""
+        return self._redis.pubsub(ignore_subscribe_messages=True)
+
     @classmethod
     def from_url(cls, url: str, *, prefix: str, timeout_s: float) -> SharedStore:
         client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
@@ -105,23 +145,26 @@ class SharedStore:
         return f"{reservation.tokens}|{reservation.sequences}|{self.replica}|{reservation.tenant}"
 
     async def reserve(self, reservation: Reservation, limits: Limits, ttl_s: float, *, waiter: str | None = None,
-                      overtake_s: float = 5.0) -> Answer:
+                      overtake_s: float = 5.0, weight: float = 1.0, priority: int = 0) -> Answer:
         """Add the lease if the pool, across replicas, still has room for it (the planner's rules, atomically) and
-        it leaves room for a waiter that has waited past ``overtake_s`` (``waiter``: this request's own place in
-        the queue, None when it did not queue)."""
-        args: list[str | int] = [self.lease_id(reservation), self._value(reservation), reservation.tokens,
-                                 reservation.sequences, reservation.tenant, _ms(ttl_s), limits.slots,
-                                 _or_none(limits.pool_tokens), _or_none(limits.tenant_max_active),
-                                 _or_none(limits.tenant_share_tokens),
-                                 "" if waiter is None else f"{self.replica}:{waiter}", _ms(overtake_s)]
+        it is the request's turn in the fair order: what is left once the waiters ahead of it have taken theirs
+        holds it (``waiter``: this request's own place in the queue; None when it did not queue, and then it is
+        placed where ``weight`` and ``priority`` would tag it now). Verdict ``behind``: not its turn yet."""
+        args: list[str | int | float] = [
+            self.lease_id(reservation), self._value(reservation), reservation.tokens, reservation.sequences,
+            reservation.tenant, _ms(ttl_s), limits.slots, _or_none(limits.pool_tokens),
+            _or_none(limits.tenant_max_active), _or_none(limits.tenant_share_tokens),
+            "" if waiter is None else f"{self.replica}:{waiter}", _ms(overtake_s), weight, priority,
+            self.channel, self.pool_name(reservation.key)]
         return await self._call(self._reserve, _names(self._prefix, reservation.key), args)
 
     async def release(self, reservation: Reservation) -> Answer:
-        return await self._call(self._release, _names(self._prefix, reservation.key), [self.lease_id(reservation)])
+        args = [self.lease_id(reservation), self.channel, self.pool_name(reservation.key)]
+        return await self._call(self._release, _names(self._prefix, reservation.key), args)
 
     async def renew(self, key: PoolKey, live: Sequence[Reservation], ttl_s: float) -> Answer:
         """Push the expiry of this replica's live leases in the pool; add back any that expired meanwhile."""
-        args: list[str | int] = [_ms(ttl_s)]
+        args: list[str | int | float] = [_ms(ttl_s), self.channel, self.pool_name(key)]
         for reservation in live:
             args += [self.lease_id(reservation), self._value(reservation)]
         return await self._call(self._renew, _names(self._prefix, key), args)
@@ -129,17 +172,20 @@ class SharedStore:
     async def totals(self, key: PoolKey) -> Answer:
         return await self._call(self._totals, _names(self._prefix, key), [])
 
-    async def join_queue(self, key: PoolKey, waiter: str, max_queue: int, ttl_s: float, *, tokens: int = 0,
-                         sequences: int = 1) -> tuple[bool, int]:
-        """Take a place in the pool's queue across replicas, unless ``max_queue`` are already waiting; ``tokens``
-        and ``sequences`` are what it will reserve (the head-of-line rule keeps them for it once it has waited
-        past the overtake window). The place expires after ``ttl_s`` unless ``touch_queue`` renews it."""
-        args: list[str | int] = [f"{self.replica}:{waiter}", _ms(ttl_s), max_queue, tokens, sequences]
+    async def join_queue(self, key: PoolKey, waiter: str, max_queue: int, ttl_s: float, place: Place) -> Joined:
+        """Take a place in the pool's queue across replicas, unless ``max_queue`` are already waiting, and a fair
+        tag from the pool's clock in Redis (joining again keeps both). The place expires after ``ttl_s`` unless
+        ``touch_queue`` renews it."""
+        args: list[str | int | float] = [
+            f"{self.replica}:{waiter}", _ms(ttl_s), max_queue, place.tokens, place.sequences, place.priority,
+            _or_none(place.tenant_max_active), _or_none(place.tenant_share_tokens), place.weight, place.tenant]
         try:
-            ok, waiting = await self._join(keys=_names(self._prefix, key), args=args)
+            ok, waiting, start, finish = await self._join(keys=_names(self._prefix, key), args=args)
         except (RedisError, OSError) as exc:
             raise StoreUnreachable(str(exc)) from exc
-        return bool(ok), int(waiting)
+        if not ok:
+            return Joined(False, int(waiting))
+        return Joined(True, int(waiting), float(_text(start)), float(_text(finish)))
 
     async def touch_queue(self, key: PoolKey, waiters: Sequence[str], ttl_s: float) -> None:
         if not waiters:
@@ -152,7 +198,8 @@ class SharedStore:
 
     async def leave_queue(self, key: PoolKey, waiter: str) -> None:
         try:
-            await self._leave(keys=_names(self._prefix, key), args=[f"{self.replica}:{waiter}"])
+            await self._leave(keys=_names(self._prefix, key),
+                              args=[f"{self.replica}:{waiter}", self.channel, self.pool_name(key)])
         except (RedisError, OSError) as exc:
             raise StoreUnreachable(str(exc)) from exc
 
@@ -182,7 +229,7 @@ class SharedStore:
         except (RedisError, OSError) as exc:
             raise StoreUnreachable(str(exc)) from exc
 
-    async def _call(self, script: Any, keys: list[str], args: Sequence[str | int]) -> Answer:
+    async def _call(self, script: Any, keys: list[str], args: Sequence[str | int | float]) -> Answer:
         try:
             verdict, expired, flat = await script(keys=keys, args=list(args))
         except (RedisError, OSError) as exc:
