@@ -46,7 +46,10 @@ same difference for the day's streamed requests admitted without queueing ("load
 lag, which grows with load), and the p99 lag of this process's event loop.
 
 Targets (the exit code is 1 if the shared ledger misses one): no backend out-of-memory with the shared ledger;
-every tenant gets >= 90% of its fair share in the contended windows; the shared ledger adds <= 5 ms to the median
+every tenant gets >= 90% of its fair share in the contended windows, or, where one in-process waiting room on the same
+traffic (``single``, the same run) does not reach 90% itself, >= 95% of what it gets there (the measure's floor is
+below 100% for any scheduler: a light tenant's request that waits for capacity across a window's end counts as unmet
+demand in that window); the shared ledger adds <= 5 ms to the median
 of kvgate's added latency over three replicas with in-process ledgers (loopback Redis). The independent ledgers'
 overruns are shown, not a target: they are what the shared ledger prevents.
 """

@@ -15,6 +15,7 @@ SIM_DAY_S = 86_400.0
 WINDOWS = 96  # 15 simulated minutes each
 CONTENDED_QUEUED = 5  # queued requests that make a window contended
 SHARE_TARGET = 0.90
+SHARE_OF_SINGLE = 0.95
 ADDED_MEDIAN_TARGET_S = 0.005
 PROMPT_TOKENS_PER_S = 600.0
 GEN_TOKENS_PER_S = 20.0

@@ -264,7 +264,7 @@ class WaitingRoom:
         place = waiter.seq if isinstance(waiter, _Waiter) and waiter.joined else None
         commit = asyncio.ensure_future(shared.commit(reservation, limits_for(pool, policy), waiter=place,
                                                      overtake_s=policy.overtake_window_s,
-                                                     weight=cost.weight, priority=cost.priority))
+                                                     weight=_fair_weight(cost, policy), priority=cost.priority))
         try:
             committed = await asyncio.shield(commit)
         except asyncio.CancelledError:  # the lease may land after this: free it once the commit is done
@@ -374,8 +374,13 @@ def _place(waiter: _Waiter) -> Place:
     """What the shared queue keeps of a waiter: what it will reserve, what orders it, and its tenant's caps."""
     limits = limits_for(waiter.pool, waiter.policy)
     return Place(_reserve_tokens(Wait(""), waiter.cost, waiter.pool, waiter.policy), waiter.cost.sequences,
-                 waiter.cost.tenant, waiter.cost.weight, waiter.cost.priority, limits.tenant_max_active,
-                 limits.tenant_share_tokens)
+                 waiter.cost.tenant, _fair_weight(waiter.cost, waiter.policy), waiter.cost.priority,
+                 limits.tenant_max_active, limits.tenant_share_tokens)
+
+
+def _fair_weight(cost: RequestCost, policy: Policy) -> float:
+    """The weight the shared queue orders by: 0 keeps arrival order (``admission.queue_order = "arrival"``)."""
+    return cost.weight if policy.fair_queueing else 0.0
 
 
 def _reserve_tokens(first: Admit | Wait, cost: RequestCost, pool: PoolSpec, policy: Policy) -> int:

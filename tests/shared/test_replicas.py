@@ -269,3 +269,47 @@ async def test_freed_room_goes_to_the_fair_order_across_replicas_and_wakes_the_o
     assert order[0] == "b: code"
     assert code_after_s < 0.5  # woken by the release, not by its 2 s poll
     assert b.shared is not None and b.shared.wakeups_total >= 1
+
+
+async def _backlogged_shares(redis_url: str, policy: Policy, run_s: float = 2.5) -> dict[str, float]:
+    """Three replicas on one pool, every tenant backlogged: flood (weight 1) with 12 clients on each of replicas a
+    and b, requests of 2,500 tokens; a (weight 1) and b (weight 2) with 6 clients each on replica c, 1,000 tokens.
+    Each admitted request holds its reservation 40 ms. Answers each tenant's share of the reserved tokens admitted
+    after a warm-up."""
+    got: dict[str, int] = {"flood": 0, "a": 0, "b": 0}
+    weights = {"flood": 1.0, "a": 1.0, "b": 2.0}
+    loop = asyncio.get_running_loop()
+    async with replica(fast(redis_url)) as ra, replica(fast(redis_url)) as rb, replica(fast(redis_url)) as rc:
+        warm_s, end_s = loop.time() + 0.5, loop.time() + 0.5 + run_s
+
+        async def client(room: WaitingRoom, tenant: str, tokens: int) -> None:
+            while loop.time() < end_s:
+                request = RequestCost(tokens - 100, True, 100, None, tenant, weight=weights[tenant])
+                try:
+                    permit = await room.acquire(POOL.key, POOL, request, policy)
+                except AdmissionRejected:
+                    continue
+                if warm_s <= loop.time() < end_s:
+                    got[tenant] += permit.reservation.tokens
+                await asyncio.sleep(0.04)
+                permit.release()
+
+        clients = [client(room, "flood", 2_500) for room in (ra, rb) for _ in range(12)]
+        clients += [client(rc, tenant, 1_000) for tenant in ("a", "b") for _ in range(6)]
+        await asyncio.gather(*clients)
+    total = sum(got.values())
+    return {tenant: tokens / total for tenant, tokens in got.items()}
+
+
+async def test_backlogged_tenants_on_different_replicas_get_their_weighted_shares(redis_url: str) -> None:
+    """One fair order across replicas: flood's 24 clients on two replicas get its weight's share (1/4), not most of
+    the pool; in arrival order they do."""
+    fair = {"flood": 0.25, "a": 0.25, "b": 0.50}
+    shares = await _backlogged_shares(redis_url, Policy(queue_timeout_s=5.0))
+    arrival = await _backlogged_shares(redis_url, Policy(queue_timeout_s=5.0, fair_queueing=False))
+    print("\n  tenant (weight)   fair   fair order   arrival order")
+    for tenant, share in fair.items():
+        print(f"  {tenant:<17} {share:>5.0%} {shares[tenant]:>11.1%} {arrival[tenant]:>15.1%}")
+    for tenant, share in fair.items():
+        assert shares[tenant] >= 0.9 * share, (tenant, shares)
+    assert arrival["flood"] > 0.4  # what the fair order prevents

@@ -156,9 +156,12 @@ if placed then
   me.arrival = tonumber(redis.call('ZSCORE', KEYS[4], ARGV[11]) or now)
   me.id = ARGV[11]
 else  -- where it would be tagged now, after everyone already waiting with the same tag
-  local start = math.max(fair_get('v'), fair_get('f:' .. tenant))
-  me = {prio = tonumber(ARGV[14]), start = start, finish = start + math.max(tokens, 1) / weight, arrival = now,
-        id = '\\255'}
+  local start, finish = 0, 0  -- weight 0: arrival order
+  if weight > 0 then
+    start = math.max(fair_get('v'), fair_get('f:' .. tenant))
+    finish = start + math.max(tokens, 1) / weight
+  end
+  me = {prio = tonumber(ARGV[14]), start = start, finish = finish, arrival = now, id = '\\255'}
 end
 local function turn()
   -- what the waiters ahead in the fair order take first; see the module docstring
@@ -193,7 +196,7 @@ end
 if verdict == 'ok' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   add(ARGV[1], ARGV[2], now + ttl)
   fair_set('v', math.max(fair_get('v'), me.start))  -- serving a request moves virtual time to its start
-  if placed then forget(ARGV[11]) else fair_set('f:' .. tenant, me.finish) end
+  if placed then forget(ARGV[11]) elseif weight > 0 then fair_set('f:' .. tenant, me.finish) end
   keep(ttl)
 end
 return {verdict, expired, redis.call('HGETALL', KEYS[3])}
@@ -234,8 +237,9 @@ return {0, expired, redis.call('HGETALL', KEYS[3])}
 
 QUEUE_JOIN = _WAITERS + """
 -- KEYS: the pool's seven. ARGV: 1 id, 2 ttl_ms, 3 max_queue, 4 tokens, 5 seqs, 6 priority, 7 tenant_cap (-1),
--- 8 tenant_share (-1), 9 weight, 10 tenant. Requests waiting for this pool on every replica, at most max_queue;
--- arrival on Redis's clock. Answers {1, waiting, start, finish} (the fair tag, as text) or {0, waiting, '', ''}.
+-- 8 tenant_share (-1), 9 weight (0: the pool is served in arrival order, no tags), 10 tenant. Requests waiting for
+-- this pool on every replica, at most max_queue; arrival on Redis's clock. Answers {1, waiting, start, finish} (the
+-- fair tag, as text) or {0, waiting, '', ''}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 purge_waiters(now)
@@ -243,15 +247,17 @@ local waiting = redis.call('ZCARD', KEYS[4])
 local known = redis.call('HGET', KEYS[6], ARGV[1])
 if known then waiting = waiting - 1 end
 if waiting >= tonumber(ARGV[3]) then return {0, waiting, '', ''} end
-local start, finish
+local start, finish = 0, 0
 if known then  -- a place is taken once: it keeps its arrival and its tag
   local place = parse_place(known)
   start, finish = place.start, place.finish
 else
-  local tenant, tokens = ARGV[10], tonumber(ARGV[4])
-  start = math.max(fair_get('v'), fair_get('f:' .. tenant))
-  finish = start + math.max(tokens, 1) / tonumber(ARGV[9])
-  fair_set('f:' .. tenant, finish)
+  local tenant, tokens, weight = ARGV[10], tonumber(ARGV[4]), tonumber(ARGV[9])
+  if weight > 0 then
+    start = math.max(fair_get('v'), fair_get('f:' .. tenant))
+    finish = start + math.max(tokens, 1) / weight
+    fair_set('f:' .. tenant, finish)
+  end
   redis.call('ZADD', KEYS[4], now, ARGV[1])
   redis.call('HSET', KEYS[6], ARGV[1], table.concat({ARGV[4], ARGV[5], ARGV[6], string.format('%.17g', start),
     string.format('%.17g', finish), ARGV[7], ARGV[8], tenant}, '|'))
