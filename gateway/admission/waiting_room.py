@@ -158,7 +158,9 @@ class WaitingRoom:
         return here if self._shared is None else combine(here, self._shared.others(key))
 
     def queue_length(self, key: PoolKey | tuple[str, str]) -> int:
-        return len(self._queues.get(PoolKey(*key), ()))
+        """Requests waiting for the pool: here, or (shared) on every replica as Redis last announced."""
+        here = len(self._queues.get(PoolKey(*key), ()))
+        return here if self._shared is None else max(here, self._shared.waiting_across(PoolKey(*key)))
 
     def stats(self) -> dict[PoolKey, QueueStats]:
         """Per pool: who waits now and for how long, plus counters since start."""

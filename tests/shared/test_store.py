@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 
 from gateway.admission.ledger import Ledger
 from gateway.admission.rates import RateLimit
-from gateway.admission.shared.store import Limits, Place, SharedStore
+from gateway.admission.shared.store import Limits, Place, SharedStore, announcement
 from gateway.admission.types import PoolKey
 
 KEY = PoolKey("gpu0", "llama3.1:8b")
@@ -228,3 +228,27 @@ async def test_priority_goes_first_and_a_waiter_held_by_its_tenant_cap_keeps_no_
     await ops("ops 1,000, priority 1", 1_000, 1)
     print("\n" + "\n".join(f"  {label:<36} -> {verdict}" for label, verdict in rows.items()))
     assert list(rows.values()) == ["ok", "behind", "ok"]
+
+
+async def test_every_change_of_a_pool_is_announced_with_its_totals(two: list[SharedStore]) -> None:
+    a, b = two
+    listener = b.subscriber()
+    await listener.subscribe(b.channel)
+    ledger = Ledger()
+    held = ledger.reserve(KEY, 3_000, "ci")
+    await a.reserve(held, UNIFIED, ttl_s=10)
+    await a.join_queue(KEY, "1", max_queue=10, ttl_s=10, place=Place(9_000, 1, "web"))
+    await a.leave_queue(KEY, "1")
+    await a.release(held)
+    heard: list[tuple[int, int, dict[str, int]]] = []
+    deadline_s = asyncio.get_running_loop().time() + 2.0
+    while len(heard) < 4 and asyncio.get_running_loop().time() < deadline_s:
+        message = await listener.get_message(ignore_subscribe_messages=True, timeout=0.5)
+        if message is None:  # the subscription's own confirmation reads as None
+            continue
+        told = announcement(message["data"])
+        assert told is not None and told.pool == b.pool_name(KEY)
+        heard.append((told.waiting, told.totals.reserved_tokens, dict(told.totals.per_tenant_active)))
+    await listener.aclose()  # type: ignore[no-untyped-call]
+    assert heard == [(0, 3_000, {"ci": 1}), (1, 3_000, {"ci": 1}), (0, 3_000, {"ci": 1}), (0, 0, {})]
+    assert [announcement(odd) for odd in (b"", b"x", b"[1]", b'["p", "n", []]', b'{"a": 1}')] == [None] * 5

@@ -8,14 +8,16 @@ single kvgate does, against a snapshot that adds what the *other* replicas hold 
     planning snapshot  =  this replica's ledger  +  others(key)
     others(key)        =  the pool's totals in Redis (every replica's leases)  -  this replica's committed leases
 
-``others`` is as fresh as the last script's answer: each commit, release and renewal returns the totals, and while
-requests wait their pools' totals are read every ``poll_s``, and at once when any replica frees room in one of them
-(the scripts publish it; this replica listens on its own connection). A stale view is never unsafe, because an
-admission is only final once ``commit`` has added the lease in Redis, where the reserve script checks the planner's
-capacity rules again, atomically, against every replica's leases, and the fair order across replicas (the pool's
-virtual time and tenants' tags live in Redis, and a waiter's place carries its tag). A request that lost that race
-(another replica took the room first) or whose turn it is not (``behind``: a request ahead of it in the fair order,
-waiting on any replica, fits first) goes back to its place in the queue and waits like any other.
+``others`` is as fresh as the last change anywhere: the scripts announce every change of a pool (a lease added,
+released or expired, a waiter come or gone) with its totals and how many wait, and this replica listens on its own
+connection, so its view of every pool, for routing as for planning, follows every replica's; every script's answer
+brings the totals too, and while requests wait their pools' totals are also read every ``poll_s``. A stale view is
+never unsafe, because an admission is only final once ``commit`` has added the lease in Redis, where the reserve
+script checks the planner's capacity rules again, atomically, against every replica's leases, and the fair order
+across replicas (the pool's virtual time and tenants' tags live in Redis, and a waiter's place carries its tag). A
+request that lost that race (another replica took the room first) or whose turn it is not (``behind``: a request
+ahead of it in the fair order, waiting on any replica, fits first) goes back to its place in the queue and waits like
+any other.
 
 Leases. Each reservation is a lease with an expiry on Redis's clock. The replica renews all of its live leases every
 third of ``lease_ttl_s``, so a replica that dies (SIGKILL, a crashed host, a partition) stops renewing and its
@@ -48,7 +50,16 @@ from gateway.admission import errors
 from gateway.admission.errors import AdmissionRejected
 from gateway.admission.ledger import Reservation
 from gateway.admission.planner import tenant_share_tokens
-from gateway.admission.shared.store import Answer, Joined, Limits, Place, SharedStore, StoreUnreachable
+from gateway.admission.shared.store import (
+    Announcement,
+    Answer,
+    Joined,
+    Limits,
+    Place,
+    SharedStore,
+    StoreUnreachable,
+    announcement,
+)
 from gateway.admission.types import LedgerSnapshot, Policy, PoolKey, PoolSpec
 from gateway.config_shared import SharedLedgerConfig
 
@@ -103,6 +114,7 @@ class SharedPools:
         self._pools: dict[PoolKey, PoolSpec] = {}
         self._named: dict[str, PoolKey] = {}  # pool names in Redis (what a 'freed' message carries)
         self._listener: PubSub | None = None
+        self._queued: dict[PoolKey, int] = {}  # how many wait for each pool across replicas, as last announced
         self._waiting: dict[PoolKey, set[int]] = {}  # this replica's waiters with a place in the shared queue
         self._tasks: set[asyncio.Task[None]] = set()
         self.up = True
@@ -129,6 +141,10 @@ class SharedPools:
         if not self.up and self._config.on_unreachable == "local_share" and pool is not None:
             return local_share_others(pool, self._config.replicas)
         return self._others.get(key, EMPTY)
+
+    def waiting_across(self, key: PoolKey) -> int:
+        """How many requests wait for the pool on every replica, as Redis last announced (0 while it is down)."""
+        return self._queued.get(key, 0) if self.up else 0
 
     def refuse_if_down(self, key: PoolKey) -> None:
         if not self.up and self._config.on_unreachable == "refuse":
@@ -285,19 +301,23 @@ class SharedPools:
 
     async def _hear_freed(self, until_s: float, waiting: Callable[[], Iterable[PoolKey]],
                           redispatch: Callable[[PoolKey], None]) -> None:
-        """Until ``until_s``: when a pool with requests waiting here has room again (a release, an expired lease or
-        a departed waiter on any replica), read its totals and let its waiters try at once."""
+        """Until ``until_s``: take in every pool's changes as the scripts announce them (totals and how many wait,
+        for routing and planning), and when a pool with requests waiting here changed (a release, an expired lease or
+        a departed waiter on any replica), let its waiters try at once."""
         loop = asyncio.get_running_loop()
         while (left_s := until_s - loop.time()) > 0:
-            name = await self._next_freed(left_s)
-            key = None if name is None else self._named.get(name)
-            if key is not None and key in set(waiting()):
+            heard = await self._next_announcement(left_s)
+            key = None if heard is None else self._named.get(heard.pool)
+            if heard is None or key is None:
+                continue
+            self._queued[key] = heard.waiting
+            self._others[key] = combine(heard.totals, self.mine(key), sign=-1)
+            if key in set(waiting()):
                 self.wakeups_total += 1
-                await self.refresh((key,), touch=False)
                 redispatch(key)
 
-    async def _next_freed(self, timeout_s: float) -> str | None:
-        """The next pool name published on the ledger's channel within ``timeout_s``, or None."""
+    async def _next_announcement(self, timeout_s: float) -> Announcement | None:
+        """The next change of a pool announced on the ledger's channel within ``timeout_s``, or None."""
         if not self.up:
             await asyncio.sleep(timeout_s)
             return None
@@ -313,8 +333,7 @@ class SharedPools:
             return None
         if message is None or message.get("type") != "message":
             return None
-        data = message.get("data")
-        return data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+        return announcement(message.get("data", b""))
 
     async def _stop_listening(self) -> None:
         listener, self._listener = self._listener, None

@@ -24,9 +24,10 @@ Every script first drops the leases whose expiry has passed (their replica stopp
 cut off), so a dead replica's reservations are gone within ``lease_ttl_s`` of its last renewal, and every script
 answers with the pool's totals (a flat HGETALL) so the caller's view of the other replicas stays fresh. Time is
 Redis's (``TIME``), never a replica's clock: replicas with skewed clocks agree on what has expired. Every write
-refreshes the keys' own expiry, so the pools of a fleet that is gone disappear from Redis too. Whatever frees room (a
-release, an expired lease, a waiter that leaves) is published on the ledger's channel with the pool's name, so the
-replicas with requests waiting for that pool try again at once instead of at their next poll.
+refreshes the keys' own expiry, so the pools of a fleet that is gone disappear from Redis too. Every change of a pool
+(a lease added, released or expired, a waiter come or gone) is published on the ledger's channel as JSON
+``[pool name, waiting, flat totals]``: every replica's view of every pool stays fresh for routing and planning, and
+the replicas with requests waiting for that pool try again at once instead of at their next poll.
 """
 
 from __future__ import annotations
@@ -71,9 +72,12 @@ end
 local function field(name)
   return tonumber(redis.call('HGET', KEYS[3], name) or '0')
 end
-local function freed(channel, pool)
-  -- room came back: wake the replicas whose requests wait for this pool
-  if channel ~= '' then redis.call('PUBLISH', channel, pool) end
+local function announce(channel, pool)
+  -- the pool changed: tell every replica its totals and how many wait (they route and plan by them, and those
+  -- with requests waiting for it try again at once)
+  if channel ~= '' then
+    redis.call('PUBLISH', channel, cjson.encode({pool, redis.call('ZCARD', KEYS[4]), redis.call('HGETALL', KEYS[3])}))
+  end
 end
 """
 
@@ -143,7 +147,6 @@ RESERVE = _COMMON + _WAITERS + """
 --       14 priority, 15 channel, 16 pool name
 local now = now_ms()
 local expired = purge(now)
-if expired > 0 then freed(ARGV[15], ARGV[16]) end
 purge_waiters(now)
 local tokens, seqs, tenant = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local ttl, slots, pool, cap, share = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]),
@@ -198,6 +201,9 @@ if verdict == 'ok' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   fair_set('v', math.max(fair_get('v'), me.start))  -- serving a request moves virtual time to its start
   if placed then forget(ARGV[11]) elseif weight > 0 then fair_set('f:' .. tenant, me.finish) end
   keep(ttl)
+  announce(ARGV[15], ARGV[16])
+elseif expired > 0 then
+  announce(ARGV[15], ARGV[16])
 end
 return {verdict, expired, redis.call('HGETALL', KEYS[3])}
 """
@@ -206,7 +212,7 @@ RELEASE = _COMMON + """
 -- ARGV: id, channel, pool name
 local expired = purge(now_ms())
 local dropped = drop(ARGV[1])
-if dropped + expired > 0 then freed(ARGV[2], ARGV[3]) end
+if dropped + expired > 0 then announce(ARGV[2], ARGV[3]) end
 return {dropped, expired, redis.call('HGETALL', KEYS[3])}
 """
 
@@ -216,7 +222,6 @@ RENEW = _COMMON + """
 local now = now_ms()
 local ttl = tonumber(ARGV[1])
 local expired = purge(now)
-if expired > 0 then freed(ARGV[2], ARGV[3]) end
 local readded = 0
 for i = 4, #ARGV, 2 do
   if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
@@ -227,17 +232,21 @@ for i = 4, #ARGV, 2 do
   end
 end
 keep(ttl)
+if readded + expired > 0 then announce(ARGV[2], ARGV[3]) end
 return {readded, expired, redis.call('HGETALL', KEYS[3])}
 """
 
 TOTALS = _COMMON + """
+-- ARGV: channel, pool name
 local expired = purge(now_ms())
+if expired > 0 then announce(ARGV[1], ARGV[2]) end
 return {0, expired, redis.call('HGETALL', KEYS[3])}
 """
 
-QUEUE_JOIN = _WAITERS + """
+QUEUE_JOIN = _COMMON + _WAITERS + """
 -- KEYS: the pool's seven. ARGV: 1 id, 2 ttl_ms, 3 max_queue, 4 tokens, 5 seqs, 6 priority, 7 tenant_cap (-1),
--- 8 tenant_share (-1), 9 weight (0: the pool is served in arrival order, no tags), 10 tenant. Requests waiting for
+-- 8 tenant_share (-1), 9 weight (0: the pool is served in arrival order, no tags), 10 tenant, 11 channel, 12 pool
+-- name. Requests waiting for
 -- this pool on every replica, at most max_queue; arrival on Redis's clock. Answers {1, waiting, start, finish} (the
 -- fair tag, as text) or {0, waiting, '', ''}.
 local t = redis.call('TIME')
@@ -261,6 +270,7 @@ else
   redis.call('ZADD', KEYS[4], now, ARGV[1])
   redis.call('HSET', KEYS[6], ARGV[1], table.concat({ARGV[4], ARGV[5], ARGV[6], string.format('%.17g', start),
     string.format('%.17g', finish), ARGV[7], ARGV[8], tenant}, '|'))
+  announce(ARGV[11], ARGV[12])
 end
 redis.call('ZADD', KEYS[5], now + tonumber(ARGV[2]), ARGV[1])
 for i = 4, 7 do redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[2]) * 3) end
@@ -282,7 +292,7 @@ QUEUE_LEAVE = _COMMON + _WAITERS + """
 local v = forget(ARGV[1])
 if v then
   give_back(parse_place(v))
-  freed(ARGV[2], ARGV[3])
+  announce(ARGV[2], ARGV[3])
 end
 return 1
 """

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
@@ -81,6 +82,24 @@ def _names(prefix: str, key: PoolKey) -> list[str]:
     return [f"{base}:{part}" for part in ("leases", "expiry", "totals", "queue", "qexp", "qinfo", "fair")]
 
 
+@dataclass(frozen=True, slots=True)
+class Announcement:
+    """A pool changed: its name in Redis, how many wait for it across replicas, and its totals."""
+
+    pool: str
+    waiting: int
+    totals: LedgerSnapshot
+
+
+def announcement(data: bytes | str) -> Announcement | None:
+    """A message of the ledger's channel, or None if it is not one of the scripts' (``[pool, waiting, flat]``)."""
+    try:
+        pool, waiting, flat = orjson.loads(data)
+        return Announcement(str(pool), int(waiting), _snapshot(flat if isinstance(flat, list) else []))
+    except (orjson.JSONDecodeError, TypeError, ValueError):
+        return None
+
+
 def _snapshot(flat: Sequence[Any]) -> LedgerSnapshot:
     values = {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
     active: Counter[str] = Counter()
@@ -116,7 +135,7 @@ class SharedStore:
 
     @property
     def channel(self) -> str:
-        """Where the scripts say that a pool has room again (the message is the pool's name)."""
+        """Where the scripts announce every change of a pool (``announcement`` reads the message)."""
         return f"{self._prefix}:freed"
 
     def pool_name(self, key: PoolKey) -> str:
@@ -170,7 +189,7 @@ class SharedStore:
         return await self._call(self._renew, _names(self._prefix, key), args)
 
     async def totals(self, key: PoolKey) -> Answer:
-        return await self._call(self._totals, _names(self._prefix, key), [])
+        return await self._call(self._totals, _names(self._prefix, key), [self.channel, self.pool_name(key)])
 
     async def join_queue(self, key: PoolKey, waiter: str, max_queue: int, ttl_s: float, place: Place) -> Joined:
         """Take a place in the pool's queue across replicas, unless ``max_queue`` are already waiting, and a fair
@@ -178,7 +197,8 @@ class SharedStore:
         ``touch_queue`` renews it."""
         args: list[str | int | float] = [
             f"{self.replica}:{waiter}", _ms(ttl_s), max_queue, place.tokens, place.sequences, place.priority,
-            _or_none(place.tenant_max_active), _or_none(place.tenant_share_tokens), place.weight, place.tenant]
+            _or_none(place.tenant_max_active), _or_none(place.tenant_share_tokens), place.weight, place.tenant,
+            self.channel, self.pool_name(key)]
         try:
             ok, waiting, start, finish = await self._join(keys=_names(self._prefix, key), args=args)
         except (RedisError, OSError) as exc:
