@@ -162,7 +162,7 @@ def _settings(hosts: list[str], scale: Scale, redis_url: str | None, prefix: str
         "admission": {"queue_timeout_s": scale.queue_timeout_s, "max_queue": 4096},
     }
     if redis_url is not None:
-        overrides["shared_ledger"] = {"redis_url": redis_url, "prefix": prefix, "lease_ttl_s": 5.0, "poll_s": 0.02}
+        overrides["shared_ledger"] = {"redis_url": redis_url, "prefix": prefix, "lease_ttl_s": 5.0}  # poll_s 0.1
     return overrides
 
 

@@ -115,6 +115,7 @@ class SharedPools:
         self._named: dict[str, PoolKey] = {}  # pool names in Redis (what a 'freed' message carries)
         self._listener: PubSub | None = None
         self._queued: dict[PoolKey, int] = {}  # how many wait for each pool across replicas, as last announced
+        self._announced: dict[PoolKey, LedgerSnapshot] = {}  # and its totals
         self._waiting: dict[PoolKey, set[int]] = {}  # this replica's waiters with a place in the shared queue
         self._tasks: set[asyncio.Task[None]] = set()
         self.up = True
@@ -310,9 +311,12 @@ class SharedPools:
             key = None if heard is None else self._named.get(heard.pool)
             if heard is None or key is None:
                 continue
+            before, waited = self._announced.get(key), self._queued.get(key, 0)
+            self._announced[key] = heard.totals
             self._queued[key] = heard.waiting
             self._others[key] = combine(heard.totals, self.mine(key), sign=-1)
-            if key in set(waiting()):
+            room_back = before is None or heard.waiting < waited or _freed(before, heard.totals)
+            if room_back and key in set(waiting()):  # a lease or a waiter that kept room is gone: try again
                 self.wakeups_total += 1
                 redispatch(key)
 
@@ -385,6 +389,12 @@ class SharedPools:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _freed(before: LedgerSnapshot, now: LedgerSnapshot) -> bool:
+    """Whether a pool has more room than before: fewer sequences or tokens held, in all or by some tenant."""
+    return (now.active_sequences < before.active_sequences or now.reserved_tokens < before.reserved_tokens
+            or any(now.per_tenant_active.get(t, 0) < n for t, n in before.per_tenant_active.items()))
 
 
 def _where(key: PoolKey) -> str:
