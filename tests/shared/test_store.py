@@ -247,8 +247,9 @@ async def test_every_change_of_a_pool_is_announced_with_its_totals(two: list[Sha
         if message is None:  # the subscription's own confirmation reads as None
             continue
         told = announcement(message["data"])
-        assert told is not None and told.pool == b.pool_name(KEY)
+        assert told is not None and told.pool == b.pool_name(KEY) and told.replica == a.replica
+        assert announcement(message["data"], skip_replica=a.replica) is None  # a has the script's answer
         heard.append((told.waiting, told.totals.reserved_tokens, dict(told.totals.per_tenant_active)))
     await listener.aclose()  # type: ignore[no-untyped-call]
     assert heard == [(0, 3_000, {"ci": 1}), (1, 3_000, {"ci": 1}), (0, 3_000, {"ci": 1}), (0, 0, {})]
-    assert [announcement(odd) for odd in (b"", b"x", b"[1]", b'["p", "n", []]', b'{"a": 1}')] == [None] * 5
+    assert [announcement(odd) for odd in (b"", b"x", b"[1]", b'["p", "n", [], "r"]', b'{"a": 1}')] == [None] * 5

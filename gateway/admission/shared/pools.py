@@ -219,6 +219,7 @@ class SharedPools:
         except StoreUnreachable as exc:
             self.went_down(str(exc))
             return None
+        self._queued[key] = joined.waiting  # its own joins are not announced back to it
         if joined.placed:
             self._waiting.setdefault(key, set()).add(seq)
             return joined
@@ -337,7 +338,7 @@ class SharedPools:
             return None
         if message is None or message.get("type") != "message":
             return None
-        return announcement(message.get("data", b""))
+        return announcement(message.get("data", b""), skip_replica=self.store.replica)
 
     async def _stop_listening(self) -> None:
         listener, self._listener = self._listener, None
@@ -368,6 +369,7 @@ class SharedPools:
             log.warning("shared ledger: %d lease(s) in %s expired (a replica stopped renewing them); their tokens "
                         "are free again", answer.expired, _where(key))
         self._others[key] = combine(answer.totals, self.mine(key), sign=-1)
+        self._announced[key] = answer.totals  # what the next announcement is compared with
 
     def went_down(self, reason: str) -> None:
         if self.up:

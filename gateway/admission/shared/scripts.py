@@ -26,8 +26,8 @@ answers with the pool's totals (a flat HGETALL) so the caller's view of the othe
 Redis's (``TIME``), never a replica's clock: replicas with skewed clocks agree on what has expired. Every write
 refreshes the keys' own expiry, so the pools of a fleet that is gone disappear from Redis too. Every change of a pool
 (a lease added, released or expired, a waiter come or gone) is published on the ledger's channel as JSON
-``[pool name, waiting, flat totals]``: every replica's view of every pool stays fresh for routing and planning, and
-the replicas with requests waiting for that pool try again at once instead of at their next poll.
+``[pool name, waiting, flat totals, replica]``: every replica's view of every pool stays fresh for routing and
+planning, and the replicas with requests waiting for that pool try again at once instead of at their next poll.
 """
 
 from __future__ import annotations
@@ -72,11 +72,12 @@ end
 local function field(name)
   return tonumber(redis.call('HGET', KEYS[3], name) or '0')
 end
-local function announce(channel, pool)
+local function announce(channel, pool, replica)
   -- the pool changed: tell every replica its totals and how many wait (they route and plan by them, and those
-  -- with requests waiting for it try again at once)
+  -- with requests waiting for it try again at once); the replica that changed it knows already
   if channel ~= '' then
-    redis.call('PUBLISH', channel, cjson.encode({pool, redis.call('ZCARD', KEYS[4]), redis.call('HGETALL', KEYS[3])}))
+    redis.call('PUBLISH', channel,
+      cjson.encode({pool, redis.call('ZCARD', KEYS[4]), redis.call('HGETALL', KEYS[3]), replica}))
   end
 end
 """
@@ -144,7 +145,7 @@ RESERVE = _COMMON + _WAITERS + """
 -- KEYS: leases, expiry, totals, queue, qexp, qinfo, fair
 -- ARGV: 1 id, 2 value, 3 tokens, 4 seqs, 5 tenant, 6 ttl_ms, 7 slots, 8 pool_tokens (-1: split pool),
 --       9 tenant_cap (-1), 10 tenant_share (-1), 11 waiter id ('': it did not queue), 12 overtake_ms, 13 weight,
---       14 priority, 15 channel, 16 pool name
+--       14 priority, 15 channel, 16 pool name, 17 replica
 local now = now_ms()
 local expired = purge(now)
 purge_waiters(now)
@@ -201,29 +202,29 @@ if verdict == 'ok' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   fair_set('v', math.max(fair_get('v'), me.start))  -- serving a request moves virtual time to its start
   if placed then forget(ARGV[11]) elseif weight > 0 then fair_set('f:' .. tenant, me.finish) end
   keep(ttl)
-  announce(ARGV[15], ARGV[16])
+  announce(ARGV[15], ARGV[16], ARGV[17])
 elseif expired > 0 then
-  announce(ARGV[15], ARGV[16])
+  announce(ARGV[15], ARGV[16], ARGV[17])
 end
 return {verdict, expired, redis.call('HGETALL', KEYS[3])}
 """
 
 RELEASE = _COMMON + """
--- ARGV: id, channel, pool name
+-- ARGV: id, channel, pool name, replica
 local expired = purge(now_ms())
 local dropped = drop(ARGV[1])
-if dropped + expired > 0 then announce(ARGV[2], ARGV[3]) end
+if dropped + expired > 0 then announce(ARGV[2], ARGV[3], ARGV[4]) end
 return {dropped, expired, redis.call('HGETALL', KEYS[3])}
 """
 
 RENEW = _COMMON + """
--- ARGV: ttl_ms, channel, pool name, then id, value pairs: every live lease of this replica in this pool. A lease
--- that expired (this replica was cut off for longer than the ttl) is added back: it is still running on the backend.
+-- ARGV: ttl_ms, channel, pool name, replica, then id, value pairs: every live lease of this replica in this pool.
+-- A lease that expired (this replica was cut off for longer than the ttl) is added back: it still runs on the backend.
 local now = now_ms()
 local ttl = tonumber(ARGV[1])
 local expired = purge(now)
 local readded = 0
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
     redis.call('ZADD', KEYS[2], now + ttl, ARGV[i])
   else
@@ -232,21 +233,21 @@ for i = 4, #ARGV, 2 do
   end
 end
 keep(ttl)
-if readded + expired > 0 then announce(ARGV[2], ARGV[3]) end
+if readded + expired > 0 then announce(ARGV[2], ARGV[3], ARGV[4]) end
 return {readded, expired, redis.call('HGETALL', KEYS[3])}
 """
 
 TOTALS = _COMMON + """
--- ARGV: channel, pool name
+-- ARGV: channel, pool name, replica
 local expired = purge(now_ms())
-if expired > 0 then announce(ARGV[1], ARGV[2]) end
+if expired > 0 then announce(ARGV[1], ARGV[2], ARGV[3]) end
 return {0, expired, redis.call('HGETALL', KEYS[3])}
 """
 
 QUEUE_JOIN = _COMMON + _WAITERS + """
 -- KEYS: the pool's seven. ARGV: 1 id, 2 ttl_ms, 3 max_queue, 4 tokens, 5 seqs, 6 priority, 7 tenant_cap (-1),
 -- 8 tenant_share (-1), 9 weight (0: the pool is served in arrival order, no tags), 10 tenant, 11 channel, 12 pool
--- name. Requests waiting for
+-- name, 13 replica. Requests waiting for
 -- this pool on every replica, at most max_queue; arrival on Redis's clock. Answers {1, waiting, start, finish} (the
 -- fair tag, as text) or {0, waiting, '', ''}.
 local t = redis.call('TIME')
@@ -270,7 +271,7 @@ else
   redis.call('ZADD', KEYS[4], now, ARGV[1])
   redis.call('HSET', KEYS[6], ARGV[1], table.concat({ARGV[4], ARGV[5], ARGV[6], string.format('%.17g', start),
     string.format('%.17g', finish), ARGV[7], ARGV[8], tenant}, '|'))
-  announce(ARGV[11], ARGV[12])
+  announce(ARGV[11], ARGV[12], ARGV[13])
 end
 redis.call('ZADD', KEYS[5], now + tonumber(ARGV[2]), ARGV[1])
 for i = 4, 7 do redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[2]) * 3) end
@@ -287,12 +288,12 @@ return 1
 """
 
 QUEUE_LEAVE = _COMMON + _WAITERS + """
--- KEYS: the pool's seven. ARGV: id, channel, pool name. A waiter leaves unserved (timeout, disconnect, an error):
--- its tag goes back if it was its tenant's last, and the room it kept is free for the others.
+-- KEYS: the pool's seven. ARGV: id, channel, pool name, replica. A waiter leaves unserved (timeout, disconnect, an
+-- error): its tag goes back if it was its tenant's last, and the room it kept is free for the others.
 local v = forget(ARGV[1])
 if v then
   give_back(parse_place(v))
-  announce(ARGV[2], ARGV[3])
+  announce(ARGV[2], ARGV[3], ARGV[4])
 end
 return 1
 """

@@ -84,18 +84,23 @@ def _names(prefix: str, key: PoolKey) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Announcement:
-    """A pool changed: its name in Redis, how many wait for it across replicas, and its totals."""
+    """A pool changed: its name in Redis, how many wait for it across replicas, its totals, and which replica
+    changed it."""
 
     pool: str
     waiting: int
     totals: LedgerSnapshot
+    replica: str
 
 
-def announcement(data: bytes | str) -> Announcement | None:
-    """A message of the ledger's channel, or None if it is not one of the scripts' (``[pool, waiting, flat]``)."""
+def announcement(data: bytes | str, *, skip_replica: str | None = None) -> Announcement | None:
+    """A message of the ledger's channel, or None if it is not one of the scripts' (``[pool, waiting, flat,
+    replica]``) or it is ``skip_replica``'s own (that replica has the totals from the script's answer)."""
     try:
-        pool, waiting, flat = orjson.loads(data)
-        return Announcement(str(pool), int(waiting), _snapshot(flat if isinstance(flat, list) else []))
+        pool, waiting, flat, replica = orjson.loads(data)
+        if replica == skip_replica:
+            return None
+        return Announcement(str(pool), int(waiting), _snapshot(flat if isinstance(flat, list) else []), str(replica))
     except (orjson.JSONDecodeError, TypeError, ValueError):
         return None
 
@@ -141,6 +146,10 @@ class SharedStore:
     def pool_name(self, key: PoolKey) -> str:
         return pool_name(self._prefix, key)
 
+    def _herald(self, key: PoolKey) -> list[str | int | float]:
+        """What the scripts announce a change of the pool with: the channel, the pool's name and who changed it."""
+        return [self.channel, self.pool_name(key), self.replica]
+
     def subscriber(self) -> PubSub:
         """A connection of its own that hears ``channel`` (the caller subscribes, reads and closes it)."""
         return self._redis.pubsub(ignore_subscribe_messages=True)
@@ -174,22 +183,22 @@ class SharedStore:
             reservation.tenant, _ms(ttl_s), limits.slots, _or_none(limits.pool_tokens),
             _or_none(limits.tenant_max_active), _or_none(limits.tenant_share_tokens),
             "" if waiter is None else f"{self.replica}:{waiter}", _ms(overtake_s), weight, priority,
-            self.channel, self.pool_name(reservation.key)]
+            *self._herald(reservation.key)]
         return await self._call(self._reserve, _names(self._prefix, reservation.key), args)
 
     async def release(self, reservation: Reservation) -> Answer:
-        args = [self.lease_id(reservation), self.channel, self.pool_name(reservation.key)]
+        args = [self.lease_id(reservation), *self._herald(reservation.key)]
         return await self._call(self._release, _names(self._prefix, reservation.key), args)
 
     async def renew(self, key: PoolKey, live: Sequence[Reservation], ttl_s: float) -> Answer:
         """Push the expiry of this replica's live leases in the pool; add back any that expired meanwhile."""
-        args: list[str | int | float] = [_ms(ttl_s), self.channel, self.pool_name(key)]
+        args: list[str | int | float] = [_ms(ttl_s), *self._herald(key)]
         for reservation in live:
             args += [self.lease_id(reservation), self._value(reservation)]
         return await self._call(self._renew, _names(self._prefix, key), args)
 
     async def totals(self, key: PoolKey) -> Answer:
-        return await self._call(self._totals, _names(self._prefix, key), [self.channel, self.pool_name(key)])
+        return await self._call(self._totals, _names(self._prefix, key), self._herald(key))
 
     async def join_queue(self, key: PoolKey, waiter: str, max_queue: int, ttl_s: float, place: Place) -> Joined:
         """Take a place in the pool's queue across replicas, unless ``max_queue`` are already waiting, and a fair
@@ -198,7 +207,7 @@ class SharedStore:
         args: list[str | int | float] = [
             f"{self.replica}:{waiter}", _ms(ttl_s), max_queue, place.tokens, place.sequences, place.priority,
             _or_none(place.tenant_max_active), _or_none(place.tenant_share_tokens), place.weight, place.tenant,
-            self.channel, self.pool_name(key)]
+            *self._herald(key)]
         try:
             ok, waiting, start, finish = await self._join(keys=_names(self._prefix, key), args=args)
         except (RedisError, OSError) as exc:
@@ -219,7 +228,7 @@ class SharedStore:
     async def leave_queue(self, key: PoolKey, waiter: str) -> None:
         try:
             await self._leave(keys=_names(self._prefix, key),
-                              args=[f"{self.replica}:{waiter}", self.channel, self.pool_name(key)])
+                              args=[f"{self.replica}:{waiter}", *self._herald(key)])
         except (RedisError, OSError) as exc:
             raise StoreUnreachable(str(exc)) from exc
 
