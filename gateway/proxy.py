@@ -352,6 +352,10 @@ class Proxy:
         if backend.kind is BackendKind.OLLAMA and parsed.operation in KV_OPERATIONS and parsed.model:
             self._admitter.model_may_have_reloaded(backend, parsed.model)
 
+    def _stream_cut(self, backend: str, reason: str) -> None:
+        """A backend's answer broke off mid-way: take it out (``routing.down_s``), as if it had failed before."""
+        self._router.failed(backend, f"its answer broke off mid-way: {reason}", self._live.settings.routing)
+
     async def _forward(
         self,
         request: web.Request,
@@ -379,6 +383,7 @@ class Proxy:
                 observer=observer, coalesce_s=self._live.settings.server.stream_coalesce_s,
                 held_headers=None if observer is None or forwarded is None
                 else functools.partial(self._checks.truncation_header, observer, forwarded),
+                on_cut=functools.partial(self._stream_cut, backend.name),
             )
         finally:
             upstream.close()

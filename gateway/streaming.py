@@ -81,7 +81,10 @@ async def relay(
     observer: UsageObserver | None = None,
     coalesce_s: float = 0.0,
     held_headers: HeldHeaders | None = None,
+    on_cut: Callable[[str], None] | None = None,
 ) -> web.StreamResponse:
+    """Relay the backend's answer. ``on_cut`` hears why, when the backend's stream broke off after the answer began
+    (the connection dropped, or it went silent for ``idle_s``): too late to retry, but the backend is suspect."""
     headers = downstream_response_headers(upstream.headers, request_id=request_id)
     headers.update(extra_headers)
     kind = stream_kind(upstream.headers.get("Content-Type", ""))
@@ -118,6 +121,8 @@ async def relay(
         await response.write_eof()
         return response
     log.warning("stream from backend ended early: %s", error.message)
+    if on_cut is not None:
+        on_cut(error.message)
     if kind is not None:
         try:
             await response.write(dialects.stream_error_event(dialect, error))
