@@ -58,7 +58,8 @@ from gateway.admission.fair_share import FairClock, Tag
 from gateway.admission.ledger import Ledger, Reservation
 from gateway.admission.permit import Permit
 from gateway.admission.planner import plan
-from gateway.admission.shared.pools import SharedPools, combine, limits_for
+from gateway.admission.shared.pools import SharedPools
+from gateway.admission.shared.snapshots import combine, limits_for
 from gateway.admission.shared.store import Place
 from gateway.admission.stats import QueueCounters, QueueStats, WaiterView
 from gateway.admission.types import Admit, LedgerSnapshot, Policy, PoolKey, PoolSpec, Reject, RequestCost, Wait

@@ -89,7 +89,7 @@ async def test_a_dead_replicas_leases_expire_and_the_pool_is_whole_again(redis_u
 
 
 def survivor_limits() -> Any:
-    from gateway.admission.shared.pools import limits_for
+    from gateway.admission.shared.snapshots import limits_for
     return limits_for(POOL, POLICY)
 
 

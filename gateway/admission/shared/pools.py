@@ -49,7 +49,7 @@ from redis.exceptions import RedisError
 from gateway.admission import errors
 from gateway.admission.errors import AdmissionRejected
 from gateway.admission.ledger import Reservation
-from gateway.admission.planner import tenant_share_tokens
+from gateway.admission.shared.snapshots import combine, freed, local_share_others
 from gateway.admission.shared.store import (
     Announcement,
     Answer,
@@ -60,7 +60,7 @@ from gateway.admission.shared.store import (
     StoreUnreachable,
     announcement,
 )
-from gateway.admission.types import LedgerSnapshot, Policy, PoolKey, PoolSpec
+from gateway.admission.types import LedgerSnapshot, PoolKey, PoolSpec
 from gateway.config_shared import SharedLedgerConfig
 
 log = logging.getLogger("gateway.shared_ledger")
@@ -75,32 +75,6 @@ def shared_pools(config: SharedLedgerConfig) -> SharedPools | None:
     log.info("shared ledger: reservations, queues and rates are kept in Redis (prefix '%s'), leases of %g s; this "
              "replica is '%s'", config.prefix, config.lease_ttl_s, store.replica)
     return SharedPools(store, config)
-
-
-def limits_for(pool: PoolSpec, policy: Policy) -> Limits:
-    """The planner's capacity rules for one pool and policy, for the reserve script to check across replicas."""
-    return Limits(pool.slots, pool.pool_tokens if pool.unified else None, policy.per_tenant_max_active,
-                  tenant_share_tokens(policy.per_tenant_max_share, pool))
-
-
-def combine(a: LedgerSnapshot, b: LedgerSnapshot, sign: int = 1) -> LedgerSnapshot:
-    """``a + b`` (or ``a - b`` with ``sign=-1``), never below zero."""
-    active, tokens = Counter(a.per_tenant_active), Counter(a.per_tenant_tokens)
-    for tenant, count in b.per_tenant_active.items():
-        active[tenant] += sign * count
-    for tenant, count in b.per_tenant_tokens.items():
-        tokens[tenant] += sign * count
-    return LedgerSnapshot(
-        max(0, a.active_sequences + sign * b.active_sequences), max(0, a.reserved_tokens + sign * b.reserved_tokens),
-        {t: n for t, n in active.items() if n > 0}, {t: n for t, n in tokens.items() if n > 0},
-    )
-
-
-def local_share_others(pool: PoolSpec, replicas: int) -> LedgerSnapshot:
-    """What the other replicas are assumed to hold while Redis is unreachable: all but this replica's share."""
-    mine_slots = max(1, pool.slots // replicas)
-    mine_tokens = pool.pool_tokens // replicas if pool.unified else pool.pool_tokens
-    return LedgerSnapshot(pool.slots - mine_slots, pool.pool_tokens - mine_tokens if pool.unified else 0)
 
 
 class SharedPools:
@@ -316,7 +290,7 @@ class SharedPools:
             self._announced[key] = heard.totals
             self._queued[key] = heard.waiting
             self._others[key] = combine(heard.totals, self.mine(key), sign=-1)
-            room_back = before is None or heard.waiting < waited or _freed(before, heard.totals)
+            room_back = before is None or heard.waiting < waited or freed(before, heard.totals)
             if room_back and key in set(waiting()):  # a lease or a waiter that kept room is gone: try again
                 self.wakeups_total += 1
                 redispatch(key)
@@ -391,12 +365,6 @@ class SharedPools:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _freed(before: LedgerSnapshot, now: LedgerSnapshot) -> bool:
-    """Whether a pool has more room than before: fewer sequences or tokens held, in all or by some tenant."""
-    return (now.active_sequences < before.active_sequences or now.reserved_tokens < before.reserved_tokens
-            or any(now.per_tenant_active.get(t, 0) < n for t, n in before.per_tenant_active.items()))
 
 
 def _where(key: PoolKey) -> str:
