@@ -139,9 +139,10 @@ async def test_pending_queue_full_is_503() -> None:
                 now = await stats(s)
                 return bool(now["scheduling"] == 1 and now["queued"] == queued)
 
-            await until(lambda: scheduler_holds(0))  # the scheduler holds it, waiting for llama to go idle
+            # (states, not timings: a busy machine may take longer than the default 5 s to reach them)
+            await until(lambda: scheduler_holds(0), timeout_s=30)  # the scheduler holds it until llama is idle
             queued = asyncio.ensure_future(post(s, "/api/embed", {"model": "nomic-embed-text", "input": "x"}))
-            await until(lambda: scheduler_holds(1))  # the embed waits in the pending queue, which is now full
+            await until(lambda: scheduler_holds(1), timeout_s=30)  # the embed waits in the pending queue, now full
             status, body = await post(s, "/api/chat", {**chat_body(), "model": "qwen2.5:7b"})
             assert (status, body) == (
                 503,
