@@ -64,12 +64,14 @@ class SlotInference:
     """The sequences a loaded model runs at once, and how that was found.
 
     ``inferred`` is False when nothing could be read from the size (``reason`` says why and that one was assumed);
-    ``candidates`` are the counts the size fits (several: the context is too short to tell them apart)."""
+    ``candidates`` are the counts the size fits (several: the context is too short to tell them apart);
+    ``reflects_server`` is False for a model Ollama runs alone whatever OLLAMA_NUM_PARALLEL says."""
 
     slots: int
     inferred: bool
     reason: str
     candidates: tuple[int, ...] = ()
+    reflects_server: bool = True
 
     @property
     def source(self) -> str:
@@ -157,10 +159,10 @@ def infer_ollama_slots(
 ) -> SlotInference:
     """The sequences Ollama runs ``loaded`` (its /api/ps entry) with, from its size and ``profile`` (/api/show)."""
     if profile.capabilities and "completion" not in profile.capabilities:
-        return SlotInference(1, True, "Ollama runs embedding models with one sequence")
+        return SlotInference(1, True, "Ollama runs embedding models with one sequence", reflects_server=False)
     architecture = profile.shape.architecture
     if architecture in ONE_SEQUENCE_ARCHITECTURES:
-        return SlotInference(1, True, f"Ollama runs {architecture} models with one sequence")
+        return SlotInference(1, True, f"Ollama runs {architecture} models with one sequence", reflects_server=False)
     if not _version_allocates(version):
         return assumed(f"Ollama {version} reports its own estimates in /api/ps, not what the load allocated")
     num_ctx = loaded.context_tokens
