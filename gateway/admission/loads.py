@@ -265,6 +265,11 @@ class LoadGate:
         """What loading ``model`` on ``backend`` would take now (load_preview.py), from the last GPU reading and
         /api/ps (at most ``vram_refresh_s`` old); no lock, no claim, nothing unloaded or loaded."""
         if not self.applies(backend):
+            if backend.kind is BackendKind.OLLAMA:  # no GPU reading: whether /api/ps lists it, at least
+                with contextlib.suppress(ProbeError):
+                    if any(same_model(m.name, model) for m in await self._probes.loaded_models(backend,
+                                                                                               join_running=True)):
+                        return RESIDENT
             return LoadPreview.unknown("no GPU check on this backend")
         try:
             profile, entry = await self._previews.run(

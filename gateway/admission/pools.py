@@ -385,6 +385,10 @@ class PoolDirectory:
         lowered = self._lowered.get((pool.backend, pool.model))
         return lowered if lowered is not None and lowered.loaded_tokens == pool.slot_ctx_tokens else None
 
+    def expected_load_s(self, backend: Backend, model: str) -> tuple[float, str] | None:
+        """The expected load of ``model`` on ``backend``, from the loads kvgate asked for (backends/load_times.py)."""
+        return self._probes.load_times.expected_s(backend.name, model)
+
     def known(self) -> dict[tuple[str, str], PoolSpec]:
         """Every pool probed so far, by (backend, model) (for metrics and the status page)."""
         return {pool.key: pool for _, pool in self._cache.values()}
