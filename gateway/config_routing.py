@@ -13,7 +13,7 @@ class RoutingConfig(_Strict):
 
     sticky: bool = Field(
         default=True, description="a conversation goes back to the backend that served it (its prompt cache) while "
-        "that one has room",
+        "that one is not much slower (sticky_slack_s)",
     )
     sticky_entries: int = Field(default=10_000, ge=1, description="conversations remembered (least recent go first)")
     sticky_ttl_s: float = Field(default=600.0, gt=0, description="a conversation idle this long is forgotten")
