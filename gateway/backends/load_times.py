@@ -1,10 +1,13 @@
 """How long model loads take on each backend: what routing weighs a load elsewhere against (gateway/routing/).
 
 Every load kvgate asks an Ollama backend for (an empty /api/generate) is answered once the model is loaded, with the
-backend's own ``load_duration`` (nanoseconds; kvsim reports it too); without one, kvgate's own timing of the request
-stands in. The expected load of a model on a backend is the median of its last ``WINDOW`` loads there; before any,
-of the same model's loads on the other backends (hosts serving one model are usually alike); else of any model's
-loads on that backend; else unknown (the router then uses ``routing.default_load_s``). No I/O, no clock.
+backend's own ``load_duration`` (nanoseconds; kvsim reports it too), kept at most as long as the request took on
+kvgate's clock (a load can't outlast the request that waited for it; a simulator running faster than real time
+reports its own seconds); without one, kvgate's own timing of the request stands in.
+
+The expected load of a model on a backend is the median of its last ``WINDOW`` loads there; before any, of the same
+model's loads on the other backends (hosts serving one model are usually alike); else of any model's loads on that
+backend; else unknown (the router then uses ``routing.default_load_s``). No I/O, no clock.
 """
 
 from __future__ import annotations

@@ -74,11 +74,14 @@ class BackendProbes:
 
     async def load_model(self, backend: Backend, model: str, num_ctx: int | None) -> None:
         """Ollama: load the model (an empty /api/generate), at ``num_ctx`` or at Ollama's own default; how long it
-        took (Ollama's ``load_duration``, else the request's own time) goes into ``load_times``."""
+        took goes into ``load_times``: Ollama's own ``load_duration``, at most the request's own time on kvgate's
+        clock (the clock service times are measured with; a simulator running faster than real time reports its own
+        seconds), the request's time when the answer has none."""
         started_s = self._clock()
         answer = await self._ollama_prober(backend).load(model, num_ctx)
-        took_s = reported_load_s(answer)
-        self.load_times.record(backend.name, model, self._clock() - started_s if took_s is None else took_s)
+        waited_s = self._clock() - started_s
+        reported_s = reported_load_s(answer)
+        self.load_times.record(backend.name, model, waited_s if reported_s is None else min(reported_s, waited_s))
 
     async def ollama_version(self, backend: Backend) -> str | None:
         """Ollama: its version (/api/version, read once); None when it can't be had now."""
