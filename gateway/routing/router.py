@@ -136,6 +136,7 @@ class RoutePlan:
     def failed(self, failure: BackendFailed) -> bool:
         """Take the backend out; True when another backend is left to try."""
         self.settle()
+        self._admitted_s = None  # its service there ended in a failure: not a service time
         name = failure.backend.name
         self.router.failed(name, failure.error.message, self.config)
         self._failed.append(name)

@@ -42,6 +42,8 @@ TOKENS_PER_S = 60.0
 SLACK_S = 0.75
 """What kvgate's own work and a busy test machine may add to a wait beyond the numbers it compared."""
 BURST = 8
+ROUNDING_S = 0.05
+"""The header writes waits of a second or more with one decimal."""
 
 
 def _host() -> SimConfig:
@@ -154,7 +156,7 @@ async def test_a_burst_of_new_conversations_spreads(hosts: int, warm: bool, gpu:
         assert per_host["host-a"] == max(per_host.values()), per_host  # the resident host took the most
     for row in rows:
         expected, others = _compared(row.route)
-        assert expected <= min(others.values()) + 1e-9, row.route  # the shortest wait it compared
+        assert expected <= min(others.values()) + ROUNDING_S, row.route  # the shortest wait it compared
         # no request waited longer than the load elsewhere (with that host's queue) would have taken
         assert row.first_token_s <= min(others.values()) + SLACK_S, (row.first_token_s, row.route)
     if warm:
