@@ -247,7 +247,7 @@ async def _status(request: web.Request) -> web.Response:
     for backend in app[REGISTRY].backends:
         reason = unadmitted_reason(backend) if app[LIVE].settings.admission.enabled else "admission is off"
         notes[backend.name] = [reason] if reason else []
-    for (backend_name, _), message in pools.disagreements.items():
+    for (backend_name, _), message in [*pools.disagreements.items(), *pools.slots.disagreements.items()]:
         notes.setdefault(backend_name, []).append(message)
     for pool in pools.known().values():
         notes.setdefault(pool.backend, []).extend(pools.notes_for(pool))  # a context chosen by a fallback, and why
@@ -258,7 +258,7 @@ async def _status(request: web.Request) -> web.Response:
     status = kvgate_api.status_snapshot(app[REGISTRY], app[ADMITTER].room, pools.known(),
                                         time.monotonic() - app[STARTED], app[METRICS].truncation_log.snapshot(), notes,
                                         gpus=gpu_rows(app[GPU_BOARD], app[LOADS].counts),
-                                        routing=app[PROXY].router.status)
+                                        routing=app[PROXY].router.status, slot_sources=pools.slots.sources)
     live = app[LIVE]
     status["config"] = {"reloaded_at_s": live.reloaded_at_s, "needs_restart": list(live.needs_restart)}
     status["recent"] = app[METRICS].recent_decisions.snapshot()  # newest first (observability/decisions.py)

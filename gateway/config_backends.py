@@ -52,7 +52,8 @@ class BackendSettings(_Strict):
     api_key: SecretStr | None = None
     timeouts: Timeouts = Timeouts()
     parallel: int | None = Field(
-        default=None, ge=1, le=256, description="sequences per model: OLLAMA_NUM_PARALLEL or llama-server -np"
+        default=None, ge=1, le=256, description="sequences per model: OLLAMA_NUM_PARALLEL or llama-server -np "
+        "(Ollama, unset: read from each model's /api/ps size)"
     )
     unified_kv: bool | None = Field(default=None, description="llama-server: one KV pool shared by all slots")
     context_tokens: int | None = Field(

@@ -259,7 +259,7 @@ class Proxy:
                 continue
             finally:
                 plan.settle()
-            plan.served(backend)
+            plan.served(backend, response.status)
             return response
         raise AssertionError("a route plan has at least one backend")
 
@@ -293,7 +293,7 @@ class Proxy:
                 request_deadline(request.headers),
             )
             trace.outcome, trace.admitting = admitted.outcome, False
-            plan.settle()  # the ledger holds it now
+            plan.admitted()  # the ledger holds it now; its service time starts
             try:
                 headers = {**response_headers(admitted.outcome), **route_headers}
                 try:

@@ -12,7 +12,15 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
-from kvsim.gpu.weights import Architecture, FileType, WeightBytes, layer_weight_bytes, weight_bytes
+from kvsim.gpu.weights import (
+    Architecture,
+    FileType,
+    WeightBytes,
+    layer_weight_bytes,
+    tensor_type,
+    tensors,
+    weight_bytes,
+)
 
 _HEADER_BYTES = 4 * 1024 * 1024  # key/values + tensor infos outside the tokenizer arrays (approximate)
 
@@ -80,6 +88,13 @@ class ModelSpec:
 
     def with_file_type(self, name: str, file_type: FileType) -> ModelSpec:
         return replace(self, name=name, file_type=file_type)
+
+
+def tensor_list(spec: ModelSpec) -> list[dict[str, Any]]:
+    """``/api/show`` ``tensors``: every tensor's name, ggml type and shape (ggml order), as Ollama lists them for a
+    GGUF model (``api.Tensor``)."""
+    return [{"name": t.name, "type": tensor_type(spec.arch, t, spec.file_type), "shape": list(t.shape)}
+            for t in tensors(spec.arch)]
 
 
 def human_number(count: int) -> str:

@@ -135,6 +135,15 @@ class Admitter:
             return LoadPreview.unknown("no load gate")
         return await self._loads.preview(backend, model)
 
+    def expected_load_s(self, backend: Backend, model: str) -> tuple[float, str] | None:
+        """How long loading ``model`` on ``backend`` is expected to take, learned from the loads kvgate saw (None:
+        none yet); for routing."""
+        return self._pools.expected_load_s(backend, model)
+
+    def learned_parallel(self, backend: Backend) -> int | None:
+        """The slots a model not probed yet on ``backend`` runs with: configured, else as last inferred there."""
+        return backend.settings.parallel or self._pools.slots.learned_parallel(backend.name)
+
     def resident(self, backend: Backend, model: str) -> bool | None:
         """Whether the last /api/ps kvgate read from the (Ollama) backend listed ``model``; None when unknown."""
         return None if self._loads is None else self._loads.resident(backend.name, model)

@@ -150,6 +150,8 @@ class LoadGate:
         self._previews: SingleFlight[tuple[str, str], tuple[ModelProfile, GpuEntry | None]] = SingleFlight(
             clock=clock)
         """The inputs of ``preview``, per (backend, model): read at most once per ``vram_refresh_s``."""
+        self.parallel_for: Callable[[Backend, ModelProfile], int] = lambda backend, _: backend.settings.parallel or 1
+        """The sequences a model will be loaded with (the pool directory's: configured, else as inferred)."""
         self.on_unload: Callable[[str, str], None] = lambda backend, model: None
         """Called (backend, model) just before kvgate unloads a model: its pool is read anew by the next request."""
         self.counts: dict[str, LoadCounts] = {}
@@ -263,6 +265,11 @@ class LoadGate:
         """What loading ``model`` on ``backend`` would take now (load_preview.py), from the last GPU reading and
         /api/ps (at most ``vram_refresh_s`` old); no lock, no claim, nothing unloaded or loaded."""
         if not self.applies(backend):
+            if backend.kind is BackendKind.OLLAMA:  # no GPU reading: whether /api/ps lists it, at least
+                with contextlib.suppress(ProbeError):
+                    if any(same_model(m.name, model) for m in await self._probes.loaded_models(backend,
+                                                                                               join_running=True)):
+                        return RESIDENT
             return LoadPreview.unknown("no GPU check on this backend")
         try:
             profile, entry = await self._previews.run(
@@ -300,7 +307,7 @@ class LoadGate:
         floor = asked if at_default else residency.min_context_tokens
 
         def load_bytes_at(context: int) -> int:
-            return estimate_load_cost(profile, context_tokens=context, parallel=settings.parallel or 1,
+            return estimate_load_cost(profile, context_tokens=context, parallel=self.parallel_for(backend, profile),
                                       type_k=settings.cache_type_k, type_v=settings.cache_type_v).total_bytes
 
         own = self._model_settings(model)

@@ -5,7 +5,9 @@
                   backend's ``context_tokens`` if configured, else Ollama's own default, exactly as a /v1 client
                   would load it) and read back, so /api and /v1 clients share one loaded context and the first
                   request is planned against the context that really runs. Only when that fails: the configured
-                  ``context_tokens``, the Modelfile's num_ctx, or the largest context that fits free VRAM.
+                  ``context_tokens``, the Modelfile's num_ctx, or the largest context that fits free VRAM. The slots:
+                  ``parallel`` when configured, else read from the model's /api/ps size at every probe, so after
+                  every load and reload (pool_slots.py, gateway.memory.ollama_slots).
     llama-server  one pool per server, whatever model name a request says (it serves one model): per-slot n_ctx
                   and total_slots from /props, no model file needed; unified unless ``unified_kv = false`` (the
                   server's default when -np is omitted, and the safe assumption: every slot then shares one pool).
@@ -36,6 +38,7 @@ from pathlib import PurePath
 
 from gateway.admission import PoolSpec
 from gateway.admission.loads import Loaded, LoadGate, Lowered, lowered_of
+from gateway.admission.pool_slots import SlotBook, read_slots
 from gateway.backends import Backend
 from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
@@ -44,6 +47,7 @@ from gateway.domain import BackendKind
 from gateway.errors import BackendNotReady
 from gateway.memory.estimate import estimate
 from gateway.memory.kv import CTX_PAD_TOKENS
+from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import VramUnavailable
 
 log = logging.getLogger(__name__)
@@ -117,6 +121,10 @@ class PoolDirectory:
         self._context_notes: dict[PoolId, str] = {}
         self.disagreements: dict[PoolId, str] = {}
         """Configured contexts the backend's loaded models disagree with (for the status page)."""
+        self.slots = SlotBook()
+        """Where each pool's slot count came from; an Ollama backend's parallel as last inferred (pool_slots.py)."""
+        if loads is not None:
+            loads.parallel_for = self.slots.parallel_guess
         self.probes = 0
         """Probes started (for tests: concurrent requests share one)."""
 
@@ -201,7 +209,7 @@ class PoolDirectory:
         settings = backend.settings
         alias = props.model_alias if props.model_alias != props.model_path else ""  # the default alias is the path
         name = alias or PurePath(props.model_path).name or backend.name
-        slots = props.total_slots or settings.parallel or 1
+        slots = self.slots.reported(backend, props.total_slots)
         if settings.unified_kv is False:
             return PoolSpec.split_pool(backend.name, name, backend.kind, slot_ctx_tokens=props.n_ctx_slot,
                                        slots=slots)
@@ -212,18 +220,18 @@ class PoolDirectory:
         gated = self._loads is not None and self._loads.applies(backend)
         if self._loads is not None and gated:
             async with self._loads.lock(backend):  # never read in the middle of kvgate's own unload
-                loaded = await self._probes.loaded_context(backend, model)
-                if loaded is not None:
+                entry = await self._probes.loaded_model(backend, model, join_running=False)
+                if entry is not None:
                     self._loads.expect(backend.name, model)
         else:
-            loaded = await self._probes.loaded_context(backend, model)
-        if loaded is None:
-            loaded = await self._load(backend, model)
-            if loaded is None and gated:
+            entry = await self._probes.loaded_model(backend, model, join_running=False)
+        if entry is None:
+            entry = await self._load(backend, model)
+            if entry is None and gated:
                 # Never fall back to a context of kvgate's choosing here: a request pinned to it would make Ollama
                 # load the model past the GPU check. The probe is retried (admission.probe_wait_s), then 503.
                 raise ProbeError(f"{_label(backend, model)} is not loaded after kvgate loaded it")
-        context = loaded
+        context = None if entry is None else entry.context_tokens
         if context is None and settings.context_tokens is None:
             context = await self._auto_context(backend, model)
         else:
@@ -233,13 +241,13 @@ class PoolDirectory:
             elif settings.context_tokens is not None and settings.context_tokens != context:
                 self._note_disagreement(backend, model, context)
         assert context is not None
-        return PoolSpec.split_pool(backend.name, model, backend.kind, slot_ctx_tokens=context,
-                                   slots=settings.parallel or 1)
+        slots = await read_slots(self.slots, self._probes, backend, model, entry)
+        return PoolSpec.split_pool(backend.name, model, backend.kind, slot_ctx_tokens=context, slots=slots)
 
-    async def _load(self, backend: Backend, model: str) -> int | None:
-        """Load the model as any client would (Ollama's load request), then read its context from /api/ps. With
-        load admission (``LoadGate``), the load waits for GPU memory, unloads idle models, or loads at a lowered
-        context; a load that can't fit raises LoadRefused (503)."""
+    async def _load(self, backend: Backend, model: str) -> LoadedModel | None:
+        """Load the model as any client would (Ollama's load request), then read it back from /api/ps. With load
+        admission (``LoadGate``), the load waits for GPU memory, unloads idle models, or loads at a lowered context;
+        a load that can't fit raises LoadRefused (503)."""
         try:
             if self._loads is not None and self._loads.applies(backend):
                 loaded = await self._loads.load(backend, model)
@@ -251,10 +259,11 @@ class PoolDirectory:
         except ProbeError as exc:
             log.warning("could not load model %r on %s to learn its context: %s", model, backend.describe(), exc)
             return None
-        context = await self._probes.loaded_context(backend, model)
-        if context is not None:
-            log.info("model %r on %s loaded with a context of %d tokens", model, backend.describe(), context)
-        return context
+        entry = await self._probes.loaded_model(backend, model, join_running=False)
+        if entry is not None and entry.context_tokens is not None:
+            log.info("model %r on %s loaded with a context of %d tokens", model, backend.describe(),
+                     entry.context_tokens)
+        return entry
 
     def _after_gate(self, backend: Backend, model: str, loaded: Loaded | None) -> None:
         """The models the gate unloaded are read anew; the model's lowered context is remembered, or forgotten."""
@@ -306,6 +315,7 @@ class PoolDirectory:
     def _configured(self, backend: Backend) -> PoolSpec:
         settings = backend.settings
         assert settings.parallel is not None and settings.context_tokens is not None
+        self.slots.reported(backend, None)
         if settings.unified_kv:
             return PoolSpec.unified_pool(backend.name, "", pool_tokens=settings.context_tokens,
                                          slots=settings.parallel, backend_kind=backend.kind)
@@ -347,13 +357,14 @@ class PoolDirectory:
             return ContextUnknown("no VRAM source is configured (the backend's vram setting)")
         cap = min(config.max_auto_context_tokens, profile.shape.n_ctx_train or config.max_auto_context_tokens)
         settings = backend.settings
+        parallel = self.slots.parallel_guess(backend, profile)
         try:
             fit = estimate(
-                profile, context=cap, parallel=settings.parallel or 1, type_k=settings.cache_type_k,
+                profile, context=cap, parallel=parallel, type_k=settings.cache_type_k,
                 type_v=settings.cache_type_v, vram_total_bytes=reading.total_bytes,
                 vram_free_bytes=reading.free_bytes,
             )
-            smallest = estimate(profile, context=CTX_PAD_TOKENS, parallel=settings.parallel or 1,
+            smallest = estimate(profile, context=CTX_PAD_TOKENS, parallel=parallel,
                                 type_k=settings.cache_type_k, type_v=settings.cache_type_v)
         except ValueError as exc:
             return ContextUnknown(f"its memory can't be estimated ({exc})")
@@ -373,6 +384,10 @@ class PoolDirectory:
         """The context kvgate lowered the pool's model to, to fit GPU memory, while it is loaded that way."""
         lowered = self._lowered.get((pool.backend, pool.model))
         return lowered if lowered is not None and lowered.loaded_tokens == pool.slot_ctx_tokens else None
+
+    def expected_load_s(self, backend: Backend, model: str) -> tuple[float, str] | None:
+        """The expected load of ``model`` on ``backend``, from the loads kvgate asked for (backends/load_times.py)."""
+        return self._probes.load_times.expected_s(backend.name, model)
 
     def known(self) -> dict[tuple[str, str], PoolSpec]:
         """Every pool probed so far, by (backend, model) (for metrics and the status page)."""

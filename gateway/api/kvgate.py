@@ -8,13 +8,14 @@ from __future__ import annotations
 import html
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from aiohttp import web
 
 from gateway import __version__, dialects
 from gateway.admission import PoolKey, PoolSpec, WaitingRoom
+from gateway.admission.pool_slots import SlotSource
 from gateway.backends import Backend, BackendRegistry
 from gateway.backends.prober import ProbeError
 from gateway.backends.probes import BackendProbes, local_profile
@@ -199,13 +200,15 @@ def status_snapshot(
     registry: BackendRegistry, room: WaitingRoom, pools: dict[tuple[str, str], PoolSpec], uptime_s: float,
     truncations: dict[str, Any] | None = None, notes: dict[str, list[str]] | None = None,
     *, gpus: list[dict[str, Any]] | None = None, routing: Callable[[str], dict[str, Any]] | None = None,
+    slot_sources: Mapping[tuple[str, str], SlotSource] | None = None,
 ) -> dict[str, Any]:
     """Backends (with ``notes``: why one is forwarded without admission, a configured context its loaded models
     disagree with), their models, every KV pool with its reservations and queue, the GPU ledger of each backend with
     a VRAM source (``observability.gpus.gpu_rows``), and the silent truncations seen in replies
     (``TruncationLog.snapshot()``), as JSON; with ``routing`` (``Router.status``), each backend's routing state:
-    seconds it stays out after failing, why, outages and retries. Every string that may come from a client or a
-    backend is safe text (``gateway.text``), so the page always encodes."""
+    seconds it stays out after failing, why, outages and retries; with ``slot_sources`` (``SlotBook.sources``), where
+    each pool's slot count came from (configured, inferred from /api/ps, reported by /props, assumed). Every string
+    that may come from a client or a backend is safe text (``gateway.text``), so the page always encodes."""
     notes = notes or {}
     stats = room.stats()
     pool_rows = []
@@ -214,10 +217,13 @@ def status_snapshot(
         snapshot = room.ledger.snapshot(pool_key)
         spec = pools.get(key)
         stat = stats.get(pool_key)
+        slot_source = (slot_sources or {}).get(key)
         pool_rows.append({
             "backend": safe_text(key[0]), "model": safe_text(key[1]),
             "kind": "unified" if spec and spec.unified else "split" if spec else None,
             "slots": spec.slots if spec else None,
+            "slots_source": None if slot_source is None else {**slot_source.to_json(),
+                                                              "detail": safe_text(slot_source.detail)},
             "slot_context_tokens": spec.slot_ctx_tokens if spec else None,
             "capacity_tokens": spec.pool_tokens if spec else None,
             "active_sequences": snapshot.active_sequences,
@@ -258,12 +264,12 @@ def status_html(status: dict[str, Any]) -> str:
     def cells(values: list[Any], tag: str = "td") -> str:
         return "".join(f"<{tag}>{html.escape(safe_text(str(v)))}</{tag}>" for v in values)
 
-    pool_columns = ["backend", "model", "kind", "slots", "slot_context_tokens", "capacity_tokens", "active_sequences",
-                    "reserved_tokens", "queued", "oldest_wait_s", "admitted_total", "refused_total"]
+    pool_columns = ["backend", "model", "kind", "slots", "slots_source", "slot_context_tokens", "capacity_tokens",
+                    "active_sequences", "reserved_tokens", "queued", "oldest_wait_s", "admitted_total", "refused_total"]
     backend_columns = [[b["name"], b["kind"], b["url"], ", ".join(b["models"]), _out_cell(b.get("routing")),
                         b["last_error"] or "", "; ".join(b["notes"])] for b in status["backends"]]
     backend_rows = "".join(f"<tr>{cells(row)}</tr>" for row in backend_columns)
-    pool_rows = "".join(f"<tr>{cells([p[c] for c in pool_columns])}</tr>" for p in status["pools"])
+    pool_rows = "".join(f"<tr>{cells([_pool_cell(p, c) for c in pool_columns])}</tr>" for p in status["pools"])
     gpu_columns = ["backend", "source", "total_bytes", "models", "other_processes_bytes", "reserved_bytes",
                    "free_bytes", "overcommitted", "problem"]
     gpu_rows = "".join(f"<tr>{cells([_gpu_cell(g, c) for c in gpu_columns])}</tr>" for g in status.get("gpus", []))
@@ -296,6 +302,14 @@ def _out_cell(routing: dict[str, Any] | None) -> str:
     if routing.get("out_for_s") is None:
         return f"in; {outages}"
     return f"out for {routing['out_for_s']} s ({routing.get('out_reason') or ''}); {outages}"
+
+
+def _pool_cell(pool: dict[str, Any], column: str) -> Any:
+    """A pool's cell; its slots' source as "inferred: ...", the detail a person needs to check it."""
+    if column == "slots_source":
+        source = pool.get("slots_source")
+        return "" if not source else f"{source['source']}: {source['detail']}"
+    return pool[column]
 
 
 def _gpu_cell(gpu: dict[str, Any], column: str) -> Any:

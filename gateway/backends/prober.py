@@ -73,6 +73,7 @@ class OllamaProber(_Prober):
         self._profiles: dict[str, ModelProfile] = {}
         self._shared: SingleFlight[str, Any] = SingleFlight()
         self._showing: SingleFlight[str, ModelProfile] = SingleFlight()
+        self._version: str | None = None
         self.show_requests = 0
 
     async def profile(self, model: str) -> ModelProfile:
@@ -107,12 +108,21 @@ class OllamaProber(_Prober):
         show: dict[str, Any] = await self._call("POST", "/api/show", {"model": model, "verbose": verbose})
         return show
 
-    async def load(self, model: str, num_ctx: int | None) -> None:
-        """Ollama's load request: /api/generate with no prompt loads the model and answers once it is loaded."""
+    async def load(self, model: str, num_ctx: int | None) -> Any:
+        """Ollama's load request: /api/generate with no prompt loads the model and answers once it is loaded (with
+        its ``load_duration``)."""
         body: dict[str, Any] = {"model": model, "stream": False}
         if num_ctx is not None:
             body["options"] = {"num_ctx": num_ctx}
-        await self._call("POST", "/api/generate", body)
+        return await self._call("POST", "/api/generate", body)
+
+    async def version(self) -> str | None:
+        """/api/version's ``version``, read once (None when the backend does not say: asked again next time)."""
+        if self._version is None:
+            answer = await self._call("GET", "/api/version")
+            found = answer.get("version") if isinstance(answer, dict) else None
+            self._version = found if isinstance(found, str) else None
+        return self._version
 
     async def unload(self, model: str) -> None:
         """Ollama's unload request (what `ollama stop` sends): keep_alive 0 and no prompt; the model goes now if idle,

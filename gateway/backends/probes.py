@@ -6,13 +6,16 @@ VRAM readings by refresh period) last for the life of the app.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 
 from gateway.backends import Backend
 from gateway.backends.client import same_model
-from gateway.backends.prober import LlamaServerProber, OllamaProber
+from gateway.backends.load_times import LoadTimes, reported_load_s
+from gateway.backends.prober import LlamaServerProber, OllamaProber, ProbeError
 from gateway.domain import BackendKind
 from gateway.memory.presets import find_preset, preset_profile
 from gateway.memory.profile import ModelProfile
@@ -25,8 +28,12 @@ from gateway.memory.vram_nvml import nvml_source
 
 
 class BackendProbes:
-    def __init__(self, session: aiohttp.ClientSession, vram_sources: dict[str, VramSource] | None = None) -> None:
+    def __init__(self, session: aiohttp.ClientSession, vram_sources: dict[str, VramSource] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._session = session
+        self._clock = clock
+        self.load_times = LoadTimes()
+        """How long the loads kvgate asked for took, per backend and model (routing weighs a load with them)."""
         self._ollama: dict[str, OllamaProber] = {}
         self._llama: dict[str, LlamaServerProber] = {}
         self._vram: dict[str, VramSource] = dict(vram_sources or {})
@@ -66,8 +73,22 @@ class BackendProbes:
         return ollama
 
     async def load_model(self, backend: Backend, model: str, num_ctx: int | None) -> None:
-        """Ollama: load the model (an empty /api/generate), at ``num_ctx`` or at Ollama's own default."""
-        await self._ollama_prober(backend).load(model, num_ctx)
+        """Ollama: load the model (an empty /api/generate), at ``num_ctx`` or at Ollama's own default; how long it
+        took goes into ``load_times``: Ollama's own ``load_duration``, at most the request's own time on kvgate's
+        clock (the clock service times are measured with; a simulator running faster than real time reports its own
+        seconds), the request's time when the answer has none."""
+        started_s = self._clock()
+        answer = await self._ollama_prober(backend).load(model, num_ctx)
+        waited_s = self._clock() - started_s
+        reported_s = reported_load_s(answer)
+        self.load_times.record(backend.name, model, waited_s if reported_s is None else min(reported_s, waited_s))
+
+    async def ollama_version(self, backend: Backend) -> str | None:
+        """Ollama: its version (/api/version, read once); None when it can't be had now."""
+        try:
+            return await self._ollama_prober(backend).version()
+        except ProbeError:
+            return None
 
     async def unload_model(self, backend: Backend, model: str) -> None:
         """Ollama: unload the model (keep_alive 0)."""

@@ -8,9 +8,10 @@ split among them; /props' per-slot ``n_ctx`` is the whole pool when unified (lla
 from __future__ import annotations
 
 from gateway.check.fixes import KVGATE_CONFIG, Finding, Fix, Knob, Severity, fix_for
-from gateway.check.memory_math import largest_fitting_context, ollama_kv_bytes, pow2_at_least
+from gateway.check.memory_math import cache_type, largest_fitting_context, ollama_kv_bytes, pow2_at_least
 from gateway.check.readings import BackendReadings, Known, ResidentModel
 from gateway.memory.kv import ShapeError
+from gateway.memory.ollama_slots import infer_ollama_slots
 from gateway.memory.render import format_bytes
 
 OVERSIZED_FACTOR = 4
@@ -57,20 +58,14 @@ def _prompt_text(longest: Known[int]) -> str:
     return f"{_tokens(longest.value)} ({longest.source})" if longest.value is not None else "unknown"
 
 
-def _infer_parallel(model: ResidentModel, num_ctx: int, type_k: str | None, type_v: str | None) -> tuple[int, str]:
-    """OLLAMA_NUM_PARALLEL, when no log says it: the largest count whose KV cache, beside the weights, fits the size
-    /api/ps reports (the rest is compute buffers, far smaller than one more sequence at any real context)."""
+def _infer_parallel(backend: BackendReadings, model: ResidentModel) -> tuple[int, str]:
+    """OLLAMA_NUM_PARALLEL, when no log says it: read from the /api/ps size, as ``kvgate serve`` reads it
+    (gateway.memory.ollama_slots)."""
     assert model.profile is not None
-    room = model.loaded.size_bytes - model.profile.weights_bytes
-    best = 1
-    for parallel in range(2, 17):
-        try:
-            if ollama_kv_bytes(model.profile.shape, num_ctx, parallel, type_k, type_v) > room:
-                break
-        except ShapeError:
-            break
-        best = parallel
-    return best, "inferred from /api/ps size (pass --log for Ollama's OLLAMA_NUM_PARALLEL)"
+    seen = backend.settings
+    inferred = infer_ollama_slots(model.profile, model.loaded, type_k=cache_type(seen.type_k.value),
+                                  type_v=cache_type(seen.type_v.value), version=backend.version)
+    return inferred.slots, f"{inferred.reason} (pass --log for Ollama's OLLAMA_NUM_PARALLEL)"
 
 
 def _model_context(backend: BackendReadings, model: ResidentModel, longest: Known[int]) -> list[Finding]:
@@ -84,7 +79,7 @@ def _model_context(backend: BackendReadings, model: ResidentModel, longest: Know
     num_ctx = loaded.context_tokens
     parallel_source = seen.parallel.source
     if parallel_source.startswith("assumed"):
-        parallel, parallel_source = _infer_parallel(model, num_ctx, seen.type_k.value, seen.type_v.value)
+        parallel, parallel_source = _infer_parallel(backend, model)
     try:
         kv = ollama_kv_bytes(profile.shape, num_ctx, parallel, seen.type_k.value, seen.type_v.value)
     except ShapeError as exc:

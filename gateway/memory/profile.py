@@ -36,6 +36,14 @@ class ModelProfile:
     n_vocab: int | None = None
     n_ff: int | None = None
     cache_key: str = ""
+    input_embedding_bytes: int | None = None
+    """The token embedding table (``token_embd.weight``), which llama.cpp keeps in host memory; None when the source
+    lists no tensors."""
+    tied_embeddings: bool | None = None
+    """True when the output layer is the token embedding table (no ``output.weight``): llama.cpp then puts a copy of
+    it on the GPU. None when the source lists no tensors."""
+    has_projector: bool = False
+    """A separate image projector file (Ollama's /api/show ``projector_info``) is loaded beside the model."""
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property

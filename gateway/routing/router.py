@@ -5,10 +5,13 @@ For a request whose model several backends serve, ``Router.plan`` reads what eac
 pool directory's known pools, the ledger's snapshot and the waiting room's queue length; a llama-server not probed
 yet gets ``routing.probe_wait_s`` to answer /props; an Ollama model is resident while the last /api/ps kvgate read
 lists it, and where it is not, ``Admitter.load_preview`` says what loading it would take: nothing to unload, idle
-models to unload, or no load now) and returns a ``RoutePlan``: the backends in the order to try.
-Requests routed but not admitted yet are counted against their backend (``pending``), so a burst that arrives
-before any of it reserves spreads instead of piling onto the first backend. A backend that fails before anything
-reached the client is taken out (``failed``) and the request moves to the next one, through admission there.
+models to unload, or no load now; without a GPU reading, whether /api/ps lists it) and what it learned of each pool's
+service time (``service_times``, from the requests it served) and each backend's loads (``Admitter.expected_load_s``,
+from their ``load_duration``), and returns a ``RoutePlan``: the backends in the order to try (rank.py: by expected
+time to first token). Requests routed but not admitted yet are counted against their backend and model
+(``pending``), for every pool kind and before the pool is known, so a burst that arrives before any of it reserves
+spreads instead of piling onto the first backend. A backend that fails before anything reached the client is taken
+out (``failed``) and the request moves to the next one, through admission there.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -32,6 +35,7 @@ from gateway.domain import BackendKind, ParsedRequest
 from gateway.errors import GatewayError
 from gateway.routing.outages import Outages
 from gateway.routing.rank import CandidateView, LoadCost, Ranked, rank
+from gateway.routing.service_times import ServiceTimes
 from gateway.routing.sticky import StickyMap, conversation_key
 from gateway.tokens.request_count import prompt_bytes
 
@@ -53,7 +57,12 @@ class BackendFailed(Exception):
 @dataclass(slots=True)
 class _Pending:
     requests: int = 0
+    sequences: int = 0
     tokens: int = 0
+
+
+PendingKey = tuple[str, str]
+"""(backend, model as the backend names it; "" for servers of one pool)."""
 
 
 @dataclass(eq=False)
@@ -66,9 +75,13 @@ class RoutePlan:
     key: str | None
     need_tokens: int
     config: RoutingConfig
+    models: dict[str, str] = field(default_factory=dict)
+    """The model each backend names it by (the pending hold's and the service time's key)."""
+    sequences: int = 1
     started_s: float = 0.0
     _failed: list[str] = field(default_factory=list)
-    _held: str | None = None
+    _held: PendingKey | None = None
+    _admitted_s: float | None = None
 
     def __iter__(self) -> Iterator[tuple[Backend, str]]:
         for index, (backend, ranked) in enumerate(self.order):
@@ -77,7 +90,7 @@ class RoutePlan:
             if index > len(self._failed):
                 return  # the previous attempt did not fail: nothing more to try
             self.started_s = self.router.now()
-            if self._held != backend.name:
+            if self._held != self._pending_key(backend.name):
                 self._hold(backend.name)
             why = ranked.reason if not self._failed else \
                 f"retried after {', '.join(repr(name) for name in self._failed)} failed; {ranked.reason}"
@@ -93,26 +106,37 @@ class RoutePlan:
         """Whether there was a choice (more than one candidate): only then does the response say why."""
         return len(self.order) > 1
 
+    def _pending_key(self, name: str) -> PendingKey:
+        return name, self.models.get(name, "")
+
     def _hold(self, name: str) -> None:
         self.settle()
-        self._held = name
-        pending = self.router.pending.setdefault(name, _Pending())
+        self._held = key = self._pending_key(name)
+        pending = self.router.pending.setdefault(key, _Pending())
         pending.requests += 1
+        pending.sequences += self.sequences
         pending.tokens += self.need_tokens
 
     def settle(self) -> None:
-        name, self._held = self._held, None
-        if name is None:
+        key, self._held = self._held, None
+        if key is None:
             return
-        pending = self.router.pending[name]
+        pending = self.router.pending[key]
         pending.requests -= 1
+        pending.sequences -= self.sequences
         pending.tokens -= self.need_tokens
         if pending.requests <= 0:
-            del self.router.pending[name]
+            del self.router.pending[key]
+
+    def admitted(self) -> None:
+        """The request holds its reservation now: it no longer counts as on its way, and its service starts."""
+        self.settle()
+        self._admitted_s = self.router.now()
 
     def failed(self, failure: BackendFailed) -> bool:
         """Take the backend out; True when another backend is left to try."""
         self.settle()
+        self._admitted_s = None  # its service there ended in a failure: not a service time
         name = failure.backend.name
         self.router.failed(name, failure.error.message, self.config)
         self._failed.append(name)
@@ -121,9 +145,13 @@ class RoutePlan:
             self.router.retries_total[name] = self.router.retries_total.get(name, 0) + 1
         return more
 
-    def served(self, backend: Backend) -> None:
-        """The backend answered: it is in (when it failed before this attempt began), and keeps the conversation."""
+    def served(self, backend: Backend, status: int = 200) -> None:
+        """The backend answered: it is in (when it failed before this attempt began), and keeps the conversation; an
+        answer (200) that was admitted adds its admitted-to-released seconds to the pool's service times."""
         self.settle()
+        if status == 200 and self._admitted_s is not None:
+            self.router.service_times.record(backend.name, self.models.get(backend.name, ""),
+                                             self.router.now() - self._admitted_s)
         self.router.outages.succeeded(backend.name, since_s=self.started_s)
         if self.key is not None and self.config.sticky:
             self.router.sticky.remember(self.key, backend.name)
@@ -135,7 +163,8 @@ class Router:
         self.now = clock
         self.outages = Outages(clock)
         self.sticky = StickyMap(max_entries=10_000, ttl_s=600.0, clock=clock)
-        self.pending: dict[str, _Pending] = {}
+        self.pending: dict[PendingKey, _Pending] = {}
+        self.service_times = ServiceTimes()
         self.retries_total: dict[str, int] = {}
 
     async def plan(self, parsed: ParsedRequest, backends: list[Backend], config: RoutingConfig,
@@ -143,17 +172,21 @@ class Router:
         """The order to try ``backends`` in for ``parsed`` (one backend: that one, nothing read)."""
         need = parsed.sequences * (prompt_bytes(parsed.prompt_input) // BYTES_PER_TOKEN_GUESS
                                    + (parsed.output.tokens or default_output_tokens))
+        models = {backend.name: _model_key(backend, parsed.model) for backend in backends}
         if len(backends) == 1:
             only = Ranked(backends[0].name, rank([CandidateView(backends[0].name)])[0].standing, False, "only")
-            return RoutePlan(self, [(backends[0], only)], None, need, config)
+            return RoutePlan(self, [(backends[0], only)], None, need, config, models, parsed.sequences)
         self.sticky.configure(max_entries=config.sticky_entries, ttl_s=config.sticky_ttl_s)
         key = conversation_key(parsed) if config.sticky else None
-        looks = await asyncio.gather(*(self._look(backend, parsed.model, config) for backend in backends))
+        looks = await asyncio.gather(*(self._look(backend, models[backend.name], config) for backend in backends))
         # from here to the hold, nothing awaits: the next request's ranking sees this one on its way
-        views = [self._view(backend, look, need) for backend, look in zip(backends, looks, strict=True)]
+        views = [self._view(backend, models[backend.name], look, need, parsed.sequences, config)
+                 for backend, look in zip(backends, looks, strict=True)]
         by_name = {backend.name: backend for backend in backends}
-        ranked = rank(views, sticky=self.sticky.get(key) if key is not None else None)
-        plan = RoutePlan(self, [(by_name[entry.name], entry) for entry in ranked], key, need, config)
+        ranked = rank(views, sticky=self.sticky.get(key) if key is not None else None,
+                      sticky_slack_s=config.sticky_slack_s)
+        plan = RoutePlan(self, [(by_name[entry.name], entry) for entry in ranked], key, need, config, models,
+                         parsed.sequences)
         plan._hold(ranked[0].name)
         return plan
 
@@ -171,23 +204,53 @@ class Router:
             "retries": self.retries_total.get(backend, 0),
         }
 
-    def _view(self, backend: Backend, look: _Look, need_tokens: int) -> CandidateView:
-        out = self.outages.is_out(backend.name)
-        pending = self.pending.get(backend.name, _Pending())
+    def _view(self, backend: Backend, model: str, look: _Look, need_tokens: int, sequences: int,
+              config: RoutingConfig) -> CandidateView:
+        """The backend as rank.py weighs it: its pool's slots, busy sequences and free tokens (with what is on its
+        way there), the requests ahead not admitted yet, and the learned service and load times."""
+        pending = self.pending.get((backend.name, model), _Pending())
+        service_s = self.service_times.expected_s(backend.name, model) or config.default_service_s
+        base = CandidateView(backend.name, resident=look.resident, out=self.outages.is_out(backend.name),
+                             waiting=pending.sequences, need_tokens=need_tokens, sequences=sequences,
+                             service_s=service_s, slots_guess=self._slots_guess(backend, model))
         pool = look.pool
-        if pool is None:  # admission off, not probed, or not loaded: requests on their way there are its queue
-            return CandidateView(backend.name, resident=look.resident, out=out, need_tokens=need_tokens,
-                                 queue_length=pending.requests, load=look.load)
+        if pool is None:  # admission off, not probed, or not loaded: the requests on their way there are its queue
+            return replace(base, load=self._load(backend, model, look, config))
         room = self._admitter.room
         snapshot = room.pool_snapshot(PoolKey(pool.backend, pool.model))  # with the other replicas' (shared)
-        return CandidateView(
-            backend.name, resident=True, out=out, unified=pool.unified, need_tokens=need_tokens,
+        return replace(
+            base, resident=True, unified=pool.unified, slots=pool.slots, busy=snapshot.active_sequences,
+            waiting=max(pending.sequences, room.queue_length(pool.key)),
             free_tokens=pool.pool_tokens - snapshot.reserved_tokens - pending.tokens,
-            free_slots=pool.slots - snapshot.active_sequences - pending.requests,
-            queue_length=room.queue_length(pool.key),
         )
 
-    async def _look(self, backend: Backend, model: str | None, config: RoutingConfig) -> _Look:
+    def _load(self, backend: Backend, model: str, look: _Look, config: RoutingConfig) -> LoadCost | None:
+        """What a load of ``model`` on ``backend`` would take, with its expected seconds; None when resident."""
+        if look.resident:
+            return None
+        learned = self._admitter.expected_load_s(backend, model)
+        load_s = config.default_load_s if learned is None else learned[0]
+        if look.load is not None:
+            return replace(look.load, load_s=load_s)
+        return LoadCost(load_s=load_s, checked=False, waits_for_busy=self._busy_elsewhere(backend, model))
+
+    def _busy_elsewhere(self, backend: Backend, model: str) -> bool:
+        """Whether another model runs on ``backend`` through kvgate now (a load there may have to wait for it)."""
+        ledger = self._admitter.room.ledger
+        return any(pool.model != model and ledger.snapshot(pool.key).active_sequences > 0
+                   for (name, _), pool in self._admitter.known_pools().items() if name == backend.name)
+
+    def _slots_guess(self, backend: Backend, model: str) -> int:
+        """The slots a pool not probed yet is counted on: configured, else the backend's learned parallel, else the
+        fewest the same model has elsewhere, else one."""
+        learned = self._admitter.learned_parallel(backend)
+        if learned is not None:
+            return learned
+        elsewhere = [pool.slots for (name, other), pool in self._admitter.known_pools().items()
+                     if name != backend.name and other == model]
+        return min(elsewhere) if elsewhere else 1
+
+    async def _look(self, backend: Backend, name: str, config: RoutingConfig) -> _Look:
         """What the backend looks like for ``model``: its pool when kvgate knows it (a llama-server or configured
         server not probed yet gets ``probe_wait_s``); an Ollama model's only while resident (probing it would load
         it), else what loading it would take (``Admitter.load_preview``, within ``probe_wait_s``)."""
@@ -198,7 +261,6 @@ class Router:
             with contextlib.suppress(GatewayError, TimeoutError):
                 return _Look(await asyncio.wait_for(self._admitter.pool_for(backend, ""), config.probe_wait_s))
             return _Look(None)
-        name = backend.listed_name(model or "") or model or ""
         known = self._admitter.known_pools().get((backend.name, name))
         if known is not None:
             if not self._evicted(backend, known):
@@ -229,6 +291,13 @@ class _Look:
     pool: PoolSpec | None
     resident: bool = True
     load: LoadCost | None = None
+
+
+def _model_key(backend: Backend, model: str | None) -> str:
+    """The model as ``backend`` names it (Ollama's pools are per model; the other kinds have one pool: "")."""
+    if backend.kind is not BackendKind.OLLAMA:
+        return ""
+    return backend.listed_name(model or "") or model or ""
 
 
 def _load_cost(preview: LoadPreview) -> LoadCost | None:

@@ -107,6 +107,10 @@ function poolCard(pool) {
     el("b", { data: { field: "reserved" } }, tokens(reserved)), " of " + tokens(pool.capacity_tokens) +
     " tokens reserved · " + pool.queued + " queued · " + tokens(pool.admitted_total) + " admitted, " +
     tokens(pool.refused_total) + " refused since start"));
+  if (pool.slots_source) {  // where the slot count came from: configured, inferred from /api/ps, /props, assumed
+    card.append(el("p", { class: "note", data: { field: "slots-source" } },
+      "slots " + pool.slots_source.source + ": " + pool.slots_source.detail));
+  }
   const rows = sequences.map((s) => el("tr", {},
     el("td", { class: "num" }, "#" + s.id), el("td", {}, s.tenant), el("td", { class: "num" }, tokens(s.tokens)),
     el("td", { class: "num" }, String(s.sequences)),

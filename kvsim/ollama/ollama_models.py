@@ -13,6 +13,7 @@ from gateway.gguf import read_gguf_metadata
 from kvsim.catalog import ModelSpec, lookup, model_info
 from kvsim.clock import go_time
 from kvsim.failures import SimError
+from kvsim.modelspec import tensor_list
 from kvsim.ollama import gojson
 from kvsim.ollama.go_templates import GO_TEMPLATES
 from kvsim.ollama.ollama_requests import get
@@ -110,6 +111,7 @@ async def show(request: web.Request) -> web.Response:
         "template": GO_TEMPLATES[spec.template],
         "details": details(spec, with_lengths=False),
         "model_info": model_info(spec, arrays=_verbose_arrays(spec) if verbose else None),
+        "tensors": tensor_list(spec),  # always listed for a GGUF model (ollama.md 3.2)
         "capabilities": list(spec.capabilities),
         "modified_at": go_time(MODIFIED_AT),
     }

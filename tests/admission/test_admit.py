@@ -25,6 +25,8 @@ from gateway.backends.probes import BackendProbes
 from gateway.config import load_settings
 from gateway.domain import BackendKind, Dialect, Operation, ParsedRequest
 from gateway.errors import BadRequest
+from gateway.memory.profile import ModelProfile
+from gateway.memory.sources.ollama import LoadedModel
 from gateway.tokens import TokenCount
 from tests.support.clock import FakeClock
 from tests.support.poll import until
@@ -72,9 +74,12 @@ class FakeProbes:
     def __init__(self) -> None:
         self.calls: collections.Counter[str] = collections.Counter()
 
-    async def loaded_context(self, backend: Backend, model: str) -> int | None:
+    async def loaded_model(self, backend: Backend, model: str, *, join_running: bool = True) -> LoadedModel | None:
         self.calls["ps"] += 1
-        return OLLAMA_CONTEXT_TOKENS
+        return LoadedModel(model, "", 0, 0, OLLAMA_CONTEXT_TOKENS, None, None)
+
+    async def profile(self, backend: Backend, model: str) -> ModelProfile:
+        raise LookupError("no profile in this test: one slot, assumed")
 
 
 @dataclass

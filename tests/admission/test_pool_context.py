@@ -15,6 +15,7 @@ from gateway.config import BackendSettings, load_settings
 from gateway.errors import BackendNotReady
 from gateway.memory.presets import preset_profile
 from gateway.memory.profile import ModelProfile
+from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import StaticVramSource, VramReading
 
 MODEL = "llama3.1:8b"
@@ -27,7 +28,7 @@ class _Probes:
         self._vram = vram
         self._profile_error = profile_error
 
-    async def loaded_context(self, backend: Backend, model: str) -> int | None:
+    async def loaded_model(self, backend: Backend, model: str, *, join_running: bool = True) -> LoadedModel | None:
         return None
 
     async def load_model(self, backend: Backend, model: str, num_ctx: int | None) -> None:

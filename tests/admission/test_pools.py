@@ -18,7 +18,9 @@ from gateway.backends.probes import BackendProbes
 from gateway.config import Settings, load_settings
 from gateway.domain import BackendKind
 from gateway.errors import BackendNotReady
+from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.llamacpp import ServerProps
+from gateway.memory.sources.ollama import LoadedModel
 from tests.support.clock import FakeClock
 
 MODEL = "llama3.1:8b"
@@ -52,9 +54,13 @@ class FakeProbes:
         return ServerProps(n_ctx_slot=self.n_ctx_slot, total_slots=4, model_path="/models/served.gguf",
                            model_alias="", build_info="b1", is_sleeping=False)
 
-    async def loaded_context(self, backend: Backend, model: str) -> int | None:
+    async def loaded_model(self, backend: Backend, model: str, *, join_running: bool = True) -> LoadedModel | None:
         await self._answer("ps")
-        return self.contexts.get(model)
+        context = self.contexts.get(model)
+        return None if context is None else LoadedModel(model, "", 0, 0, context, None, None)
+
+    async def profile(self, backend: Backend, model: str) -> ModelProfile:
+        raise LookupError("no profile in this test: one slot, assumed")
 
     async def load_model(self, backend: Backend, model: str, num_ctx: int | None) -> None:
         await self._answer("generate")

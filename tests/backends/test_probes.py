@@ -207,3 +207,27 @@ async def test_a_loaded_model_is_matched_by_name_and_its_latest_twin(
     if loaded is not None:
         assert loaded.size_bytes == loaded.size_vram_bytes > GIB
     assert len(fake.requests_to("/api/ps")) == 2  # loaded_context reads /api/ps anew
+
+
+# --- loads: how long they took, for routing ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("reported_ns", "delay_s", "low_s", "high_s"), [
+    (50_000_000, 0.3, 0.05, 0.05),  # Ollama's own load_duration, shorter than the request
+    (None, 0.3, 0.3, 2.0),  # an answer without one: the request's own time
+    (30_000_000_000, 0.0, 0.0, 1.0),  # a simulator running faster than real time: at most the request's time
+], ids=["reported", "not reported", "faster than real time"])
+async def test_a_load_kvgate_asks_for_is_timed_by_the_backend_at_most_as_long_as_the_request(
+    reported_ns: int | None, delay_s: float, low_s: float, high_s: float,
+) -> None:
+    answer = {"model": PRESET, "done": True, "done_reason": "load", "response": ""}
+    if reported_ns is not None:
+        answer["load_duration"] = reported_ns
+    fake = FakeLLM(answers={"/api/generate": json_answer(answer)})
+    fake.script.first_byte_delay_s = delay_s
+    async with running(fake) as served, probing(ollama_at(served.url)) as p:
+        await p.probes.load_model(p.backends[0], PRESET, 8192)
+        learned = p.probes.load_times.expected_s("ollama", PRESET)
+    print(f"\nload_duration {reported_ns} ns, request {delay_s} s -> {learned}")
+    assert learned is not None and learned[1] == "here"
+    assert low_s <= learned[0] <= high_s

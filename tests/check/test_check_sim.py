@@ -75,6 +75,7 @@ async def test_context_too_large_for_free_vram_names_a_context_that_fits(capsys:
     suggested = finding["data"]["suggested_num_ctx"]
     assert finding["fix"]["setting"] == "OLLAMA_CONTEXT_LENGTH" and finding["fix"]["value"] == str(suggested)
     assert 1024 <= suggested < 65536
+    assert finding["data"]["parallel"] == 2  # OLLAMA_NUM_PARALLEL, read from the /api/ps size as serve reads it
 
 
 async def test_too_many_models_resident(capsys: pytest.CaptureFixture[str]) -> None:

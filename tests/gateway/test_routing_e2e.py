@@ -121,7 +121,10 @@ def _waited_s(headers: dict[str, str]) -> float:
 
 
 async def test_a_conversation_stays_on_its_host_while_it_fits_then_moves() -> None:
-    async with _hosts(2) as running, running_gateway(_backends(running)) as url, aiohttp.ClientSession() as http:
+    """With ``routing.sticky_slack_s = 0`` a conversation moves as soon as its host would make it wait at all (the
+    default, 1 s, keeps it where a short wait costs less than re-reading its history elsewhere)."""
+    async with _hosts(2) as running, running_gateway(_backends(running), routing={"sticky_slack_s": 0}) as url, \
+            aiohttp.ClientSession() as http:
         opening = _chat(0)["messages"]
 
         def turn(text: str, max_tokens: int = 200) -> dict[str, Any]:

@@ -83,7 +83,8 @@ async def test_a_model_loaded_nowhere_goes_to_the_host_that_loads_it_without_evi
         print(f"\n{status} backend={headers.get('X-Kvgate-Backend')} route={headers.get('X-Kvgate-Route')!r}")
         assert status == 200, body
         assert headers["X-Kvgate-Backend"] == "b"
-        assert headers["X-Kvgate-Route"] == "loads without eviction"
+        assert headers["X-Kvgate-Route"].startswith("loads without eviction, first token in ")
+        assert "a: load" in headers["X-Kvgate-Route"] and "after evicting 1 idle model(s)" in headers["X-Kvgate-Route"]
         assert await _resident(sim_a) == {BIG} and await _resident(sim_b) == {ASKED}
         stats_a = await _stats(sim_a)
         assert (stats_a["loads"], stats_a["unloads"]) == (1, 0)  # the preview of A loaded and unloaded nothing
@@ -102,5 +103,6 @@ async def test_a_model_ollama_unloaded_since_it_was_probed_is_no_longer_resident
         print(f"\n{status} backend={headers.get('X-Kvgate-Backend')} route={headers.get('X-Kvgate-Route')!r}")
         assert status == 200, body
         assert headers["X-Kvgate-Backend"] == "b"
-        assert headers["X-Kvgate-Route"] == "loads without eviction"
+        assert headers["X-Kvgate-Route"].startswith("loads without eviction, first token in ")
+        assert "a: load" in headers["X-Kvgate-Route"] and "after evicting 1 idle model(s)" in headers["X-Kvgate-Route"]
         assert await _resident(sim_a) == {BIG}

@@ -78,6 +78,29 @@ def _weights_from_tensors(show: Mapping[str, Any]) -> int | None:
     return sum(tensor_bytes(str(t["type"]), [int(d) for d in t["shape"]]) for t in tensors)
 
 
+@dataclass(frozen=True)
+class _Embeddings:
+    """What the tensor list says about the token embedding table: its bytes, its rows (the vocabulary), and whether
+    the output layer shares it."""
+
+    input_bytes: int | None = None
+    n_vocab: int | None = None
+    tied: bool | None = None
+
+
+def _embeddings_from_tensors(show: Mapping[str, Any]) -> _Embeddings:
+    tensors = show.get("tensors")
+    if not isinstance(tensors, list) or not tensors:
+        return _Embeddings()
+    by_name = {str(t.get("name")): t for t in tensors if isinstance(t, Mapping)}
+    embd = by_name.get("token_embd.weight")
+    if embd is None:
+        return _Embeddings(tied=None)
+    shape = [int(d) for d in embd["shape"]]
+    return _Embeddings(tensor_bytes(str(embd["type"]), shape), shape[-1] if len(shape) == 2 else None,
+                       "output.weight" not in by_name)
+
+
 def profile_from_show(
     name: str, show: Mapping[str, Any], *, size_bytes: int | None = None, digest: str = ""
 ) -> ModelProfile:
@@ -93,6 +116,7 @@ def profile_from_show(
         warnings = (f"Ollama gave no tensor list or size for {name}; weights are not counted",)
     capabilities = show.get("capabilities")
     parameter_count = info.get("general.parameter_count")
+    embeddings = _embeddings_from_tensors(show)
     return ModelProfile(
         name=name,
         shape=shape,
@@ -102,9 +126,12 @@ def profile_from_show(
         context_tokens=modelfile_num_ctx(show.get("parameters")),
         capabilities=tuple(str(c) for c in capabilities) if isinstance(capabilities, list) else (),
         parameter_count=parameter_count if isinstance(parameter_count, int) else None,
-        n_vocab=n_vocab_from(info),
+        n_vocab=n_vocab_from(info) or embeddings.n_vocab,
         n_ff=n_ff_from(info),
         cache_key=f"ollama:{digest or show.get('modified_at', '')}",
+        input_embedding_bytes=embeddings.input_bytes,
+        tied_embeddings=embeddings.tied,
+        has_projector=bool(show.get("projector_info")),
         warnings=warnings,
     )
 
