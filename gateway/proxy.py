@@ -40,6 +40,7 @@ from gateway.admission.outcome import AdmissionOutcome, response_headers
 from gateway.admission.rates import RateLimit
 from gateway.admission.shared.rates import TenantRates
 from gateway.admission.tenants import Tenant
+from gateway.admission.types import PoolKey
 from gateway.backends import Backend, BackendRegistry
 from gateway.body.budget import BodyBudget, BodyLease
 from gateway.body.reader import read_body
@@ -59,7 +60,7 @@ from gateway.fitting.summarizer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, 
 from gateway.headers import REQUEST_ID, request_deadline, upstream_request_headers
 from gateway.listing import merged_listing
 from gateway.observability.logs import request_id_var
-from gateway.observability.metrics import Metrics, record, record_refusal
+from gateway.observability.metrics import Metrics, record
 from gateway.observability.request_log import logged_content, request_fields
 from gateway.observability.tenant_usage import UNIDENTIFIED, refusal_reason
 from gateway.observability.usage import UsageObserver
@@ -115,6 +116,10 @@ class _Trace:
     """The prompt's count, for the log line of a request refused before admission ended."""
     content: str | None = None
     """The last user message, only with ``server.log_contents`` (request_log.logged_content)."""
+    pool: PoolKey | None = None
+    """The pool the request was planned in, for its counts (observability/outcomes.py)."""
+    summary_failure: str | None = None
+    """Why a summary tried before a refusal failed (``SummaryFailed.reason``)."""
 
 
 class Proxy:
@@ -174,7 +179,7 @@ class Proxy:
             status = exc.status
             detail["error"] = exc.message
             if isinstance(exc, AdmissionRejected):
-                record_refusal(self._metrics, trace.backend)
+                trace.summary_failure = exc.summary_failure
             trace.refusal = refusal_reason(exc, in_admission=trace.admitting)
             return self._error_response(dialect, exc, request_id)
         except asyncio.CancelledError:
@@ -197,7 +202,8 @@ class Proxy:
             route_label = route.path if route is not FALLBACK else "other"
             record(self._metrics, route_label, status, elapsed_s, backend=trace.backend,
                    tenant=str(detail.get("tenant", UNIDENTIFIED)), outcome=trace.outcome,
-                   output_tokens=trace.output_tokens, refusal=trace.refusal)
+                   output_tokens=trace.output_tokens, refusal=trace.refusal, pool=trace.pool,
+                   summary_failure=trace.summary_failure)
             self._metrics.recent_decisions.add(request_id=request_id, tenant=str(detail.get("tenant", UNIDENTIFIED)),
                                                backend=trace.backend, model=trace.model, status=status,
                                                outcome=trace.outcome, refusal=trace.refusal,
@@ -278,6 +284,7 @@ class Proxy:
         if pool is not None and backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
             pool = await self._admitter.pool_at_default(backend, pool)  # /v1 reloads at Ollama's default context
         model = trace.model = pool.model if pool is not None else model
+        trace.pool = pool.key if pool is not None else None
         claim = self._admitter.claim(backend, pool)  # the model is not unloaded under this request
         try:
             count = trace.count = await self._counter.count(parsed, backend, model)
