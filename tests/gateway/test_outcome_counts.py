@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -27,7 +28,8 @@ from tests.support.poll import until
 CONTEXT_TOKENS = 2048
 OLLAMA_MODEL, SUMMARY_MODEL, CPP_MODEL = "llama3.1:8b", "phi3:mini", "qwen2.5:7b"
 OL_POOL, CPP_POOL = ("ol", OLLAMA_MODEL), ("cpp", CPP_MODEL)
-_WORDS = "the plan for the release needs a date a budget and a team of four people who know the code".split()
+_SENTENCE = "the plan for the release needs a date a budget and a team of four people who know the code"
+_WORDS = tuple(_SENTENCE.split(" "))
 SUMMARY = {"remedies": ["summarize", "trim"], "summary_model": SUMMARY_MODEL, "summary_max_tokens": 64}
 MISSING = "no-such-model:1b"
 TENANTS: dict[str, dict[str, Any]] = {
@@ -59,8 +61,9 @@ async def simulators() -> AsyncIterator[tuple[str, str]]:
     from tests.tokens.vocab_vectors import warm_sim_tokenizers
 
     cache = warm_sim_tokenizers(OLLAMA_MODEL, SUMMARY_MODEL, CPP_MODEL)
-    ollama = SimConfig(models=(OLLAMA_MODEL, SUMMARY_MODEL), load_s=0.01, time_scale=50.0, context_length=CONTEXT_TOKENS,
-                       min_response_tokens=8, max_response_tokens=24, gen_tokens_per_s=2000.0,
+    ollama = SimConfig(models=(OLLAMA_MODEL, SUMMARY_MODEL), load_s=0.01, time_scale=50.0,
+                       context_length=CONTEXT_TOKENS, min_response_tokens=8, max_response_tokens=24,
+                       gen_tokens_per_s=2000.0,
                        prompt_tokens_per_s=500_000.0, tokenizer_cache_dir=cache)
     cpp = SimConfig(mode="llama-server", server_model=CPP_MODEL, ctx_size=4096, n_parallel=1, gen_tokens_per_s=20.0,
                     min_response_tokens=4, max_response_tokens=8, tokenizer_cache_dir=cache)
@@ -178,8 +181,9 @@ BODIES: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 async def test_every_outcome_is_counted_apart_and_status_metrics_and_tenants_agree() -> None:
-    backends = [{"name": "ol", "kind": "ollama", "url": "", "context_tokens": CONTEXT_TOKENS, "parallel": 1},
-                {"name": "cpp", "kind": "llama-server", "url": ""}]
+    backends: list[dict[str, Any]] = [
+        {"name": "ol", "kind": "ollama", "url": "", "context_tokens": CONTEXT_TOKENS, "parallel": 1},
+        {"name": "cpp", "kind": "llama-server", "url": ""}]
     rows: list[tuple[str, int, str, str, str]] = []
     async with simulators() as (ol, cpp):
         backends[0]["url"], backends[1]["url"] = ol, cpp
@@ -226,14 +230,15 @@ async def test_every_outcome_is_counted_apart_and_status_metrics_and_tenants_agr
             for case in CASES:
                 before = await read(http, url)
                 status = await run(case)
-                after = await until(lambda: _settled(http, url, before, case))
+                after = await until(functools.partial(_settled, http, url, before, case))
+                assert after is not None
                 delta = after.minus(before)
                 rows.append((case.name, status, _show(delta.pools.get(case.pool, Counter())),
                              _show(delta.totals), _show(delta.summary_failures)))
                 assert status == case.status, case
                 _check(case, delta)
-    print("\nstatus JSON, kvgate_decisions_total, kvgate_pool_refusals_total, kvgate_queue_rejected_total and the tenants' "
-          "refusals agree on every row")
+    print("\nstatus JSON, kvgate_decisions_total, kvgate_pool_refusals_total, kvgate_queue_rejected_total and the "
+          "tenants' refusals agree on every row")
     print(f"{'case':17} {'status':>6}  {'the pool counted':62} {'summary failures'}")
     for name, status, pool, _, failures in rows:
         print(f"{name:17} {status:6d}  {pool:62} {failures}")
@@ -257,7 +262,8 @@ async def _settled(http: aiohttp.ClientSession, url: str, before: Reading, case:
     moves any more (a summary request given up on ends after the request that asked for it)."""
     after = await read(http, url)
     pool = after.minus(before).pools.get(case.pool, Counter())
-    counted = sum(pool[k] for k in ("admitted", "refused")) >= sum(case.expect.get(k, 0) for k in ("admitted", "refused"))
+    ends = ("admitted", "refused")
+    counted = sum(pool[k] for k in ends) >= sum(case.expect.get(k, 0) for k in ends)
     return after if counted and await read(http, url) == after else None
 
 
