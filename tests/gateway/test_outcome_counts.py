@@ -1,7 +1,8 @@
 """Issue 22, point 6: every outcome is counted apart, once, and the status JSON, the metrics and the tenant usage agree.
 
 One kvgate in front of two simulators: an Ollama (llama3.1:8b and the summary model phi3:mini, 2,048-token context,
-one slot) and a llama-server (qwen2.5:7b, one slot of 4,096 tokens, slow enough that an answer can be held open).
+one slot) and a llama-server (qwen2.5:7b, one slot of 4,096 tokens, slow enough that an answer can be held open),
+and a fake Ollama serving "slow:1b", a summary model that takes 30 s to answer.
 Each case runs as its own tenant, and the test reads /kvgate/status, /kvgate/metrics and /kvgate/tenants before and
 after it: the change in each must be the case's outcome, and the three must agree. A chat that was trimmed (or
 summarized) and answered 200 is no refusal anywhere; one refused after a failed summary is one refusal.
@@ -22,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
+from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
 from tests.support.poll import until
 
@@ -37,7 +39,7 @@ TENANTS: dict[str, dict[str, Any]] = {
     "summarized": {"fitting": SUMMARY},
     "summary_trim": {"fitting": {**SUMMARY, "summary_model": MISSING}},
     "summary_too_long": {"fitting": SUMMARY},
-    "summary_timeout": {"fitting": {**SUMMARY, "summary_timeout_s": 0.001}},
+    "summary_timeout": {"fitting": {**SUMMARY, "summary_model": "slow:1b", "summary_timeout_s": 0.3}},
     "summary_refuse": {"fitting": {**SUMMARY, "summary_model": MISSING, "remedies": ["summarize", "refuse"]}},
     "strict": {"fitting": {"strict": True}},
     "holder": {}, "timeout": {}, "queued": {}, "full": {},
@@ -57,7 +59,7 @@ SUMMED_CHAT = [*({"role": "user" if i % 2 == 0 else "assistant", "content": word
 
 
 @contextlib.asynccontextmanager
-async def simulators() -> AsyncIterator[tuple[str, str]]:
+async def simulators() -> AsyncIterator[tuple[str, str, str]]:
     from tests.tokens.vocab_vectors import warm_sim_tokenizers
 
     cache = warm_sim_tokenizers(OLLAMA_MODEL, SUMMARY_MODEL, CPP_MODEL)
@@ -70,7 +72,8 @@ async def simulators() -> AsyncIterator[tuple[str, str]]:
     ol_runner, ol_url = await start_sim(ollama)
     cpp_runner, cpp_url = await start_sim(cpp)
     try:
-        yield ol_url, cpp_url
+        async with running(FakeLLM(Script(models=("slow:1b",), first_byte_delay_s=30.0))) as slow:
+            yield ol_url, cpp_url, slow.url
     finally:
         await ol_runner.cleanup()
         await cpp_runner.cleanup()
@@ -185,8 +188,9 @@ async def test_every_outcome_is_counted_apart_and_status_metrics_and_tenants_agr
         {"name": "ol", "kind": "ollama", "url": "", "context_tokens": CONTEXT_TOKENS, "parallel": 1},
         {"name": "cpp", "kind": "llama-server", "url": ""}]
     rows: list[tuple[str, int, str, str, str]] = []
-    async with simulators() as (ol, cpp):
+    async with simulators() as (ol, cpp, slow):
         backends[0]["url"], backends[1]["url"] = ol, cpp
+        backends.append({"name": "slow", "kind": "ollama", "url": slow})
         async with running_gateway(backends, tenants=TENANTS, admission={"max_queue": 1}) as url, \
                 aiohttp.ClientSession() as http:
             async def post(tenant: str, path: str, body: dict[str, Any], **headers: str) -> int:
