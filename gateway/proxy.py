@@ -59,6 +59,7 @@ from gateway.fitting.policy import FitPolicy, policy_for
 from gateway.fitting.summarizer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, InternalCalls
 from gateway.headers import REQUEST_ID, request_deadline, upstream_request_headers
 from gateway.listing import merged_listing
+from gateway.notice import Notice, reply_notice
 from gateway.observability.logs import request_id_var
 from gateway.observability.metrics import Metrics, record
 from gateway.observability.request_log import logged_content, request_fields
@@ -292,20 +293,23 @@ class Proxy:
             if not plan.retrying:  # the tenant's rate is taken once per request, not once per backend tried
                 await self._take_rate(tenant, count)
             trace.admitting = True
+            fit = self._fit_policy(settings, tenant, model)
             admitted = await self._admitter.admit(
                 parsed, raw, pool, count, tenant, lambda: _gone(request),
                 lambda changed: self._counter.count(
                     changed, backend, model, budget_s=settings.counting.refusal_count_wait_s),
-                self._fit_policy(settings, tenant, model),
+                fit,
                 request_deadline(request.headers),
             )
             trace.outcome, trace.admitting = admitted.outcome, False
             plan.settle()  # the ledger holds it now
             try:
                 headers = {**response_headers(admitted.outcome), **route_headers}
+                notice = None if pool is None else reply_notice(parsed, admitted.outcome, pool.slot_ctx_tokens,
+                                                                enabled=fit.notice)
                 try:
                     response = await self._forward(request, backend, admitted.body, dialect, request_id, headers,
-                                                   observer, admitted.outcome.forwarded_count)
+                                                   observer, admitted.outcome.forwarded_count, notice)
                 except (BackendUnavailable, BackendTimeout) as exc:  # nothing was sent: the client waits on
                     raise BackendFailed(backend, exc) from None
             finally:
@@ -373,15 +377,19 @@ class Proxy:
         headers_out: dict[str, str],
         observer: UsageObserver | None = None,
         forwarded: TokenCount | None = None,
+        notice: Notice | None = None,
     ) -> web.StreamResponse:
         """Send the request to ``backend`` and relay its answer; with an ``observer``, the reply's usage is read on
-        the way and a reply held whole names a silent truncation of the ``forwarded`` prompt in a header."""
+        the way and a reply held whole names a silent truncation of the ``forwarded`` prompt in a header. A
+        ``notice`` goes into the reply (``fitting.notice``), asked of the backend uncompressed."""
         timeouts = backend.settings.timeouts
         headers = upstream_request_headers(
             request.headers, host=backend.host_header, request_id=request_id, api_key=backend.api_key,
             client_ip=request.remote, strip_client_keys=self._live.tenants.enabled,
             body_decoded=isinstance(body, bytes),  # a body kvgate read is forwarded decoded (gateway.body.encoding)
         )
+        if notice is not None:
+            headers["Accept-Encoding"] = "identity"  # the reply is rewritten: kvgate must read it
         upstream = await backend.client.open(request.method, request.raw_path, headers, body)
         try:
             return await relay(
@@ -390,7 +398,7 @@ class Proxy:
                 observer=observer, coalesce_s=self._live.settings.server.stream_coalesce_s,
                 held_headers=None if observer is None or forwarded is None
                 else functools.partial(self._checks.truncation_header, observer, forwarded),
-                on_cut=functools.partial(self._stream_cut, backend.name),
+                on_cut=functools.partial(self._stream_cut, backend.name), notice=notice,
             )
         finally:
             upstream.close()
