@@ -114,7 +114,10 @@ WHOLE: list[tuple[Shape, Any, Any]] = [  # (shape, reply, what it becomes; None:
 def test_a_whole_reply_gets_the_line_in_front_of_its_text_only(shape: Shape, reply: Any, becomes: Any) -> None:
     raw = orjson.dumps(reply)
     rewritten = Notice(shape, LINE).rewrite_body(raw)
-    assert rewritten is None if becomes is None else orjson.loads(rewritten) == becomes
+    if becomes is None:
+        assert rewritten is None
+    else:
+        assert rewritten is not None and orjson.loads(rewritten) == becomes
     copy = orjson.loads(raw)
     assert add_to_reply(shape, copy, LINE) is (becomes is not None)
 
