@@ -118,6 +118,7 @@ async def _page(url: str) -> dict[str, Any] | None:
     async with headless_chromium(binary) as page:
         await page.navigate(f"{url}/kvgate/")
         with contextlib.suppress(AssertionError):
-            await until(lambda: page.evaluate("Number(document.body.dataset.updates || 0) >= 1"), timeout_s=10.0)
+            await until(lambda: page.evaluate("!!document.body && Number(document.body.dataset.updates || 0) >= 1"),
+                        timeout_s=10.0)
         shown: dict[str, Any] | None = await page.evaluate(READ_POOL)
         return shown
