@@ -23,6 +23,9 @@ from gateway.headers import NDJSON, SSE
 from gateway.notice.shapes import Shape, add_to_part
 
 _NDJSON_SHAPES = (Shape.OLLAMA_CHAT, Shape.OLLAMA_GENERATE)
+MAX_EVENT_BYTES = 1 << 20
+"""An event still unfinished past this size is no event worth a notice: the rest of the stream passes as it comes
+(what kvgate holds of a stream stays bounded whatever a backend sends)."""
 _CLOSING = ("response.completed", "response.incomplete", "response.failed")
 
 
@@ -89,6 +92,8 @@ class NoticeStream:
             raw = bytes(self._buffer[:end])
             del self._buffer[:end]
             out += self._event(raw)
+        if len(self._buffer) > MAX_EVENT_BYTES:
+            self._passing = True
         if self._passing and self._buffer:
             out += self._buffer
             self._buffer.clear()
@@ -181,13 +186,13 @@ class NoticeStream:
         if self._part is None:
             if kind_of != "response.output_text.delta" or not _text(payload.get("delta")):
                 return raw
-            self._part = (str(payload.get("item_id")), int(payload.get("content_index") or 0))
+            self._part = (str(payload.get("item_id")), _index(payload.get("content_index")))
             clone = {**payload, "delta": self._line, **({"logprobs": []} if "logprobs" in payload else {})}
             return _sse(kind, clone) + raw
         item_id, index = self._part
         changed = False
         if kind_of in ("response.output_text.done", "response.content_part.done") \
-                and str(payload.get("item_id")) == item_id and payload.get("content_index", 0) == index:
+                and str(payload.get("item_id")) == item_id and _index(payload.get("content_index")) == index:
             holder = payload if kind_of == "response.output_text.done" else payload.get("part")
             changed = _prefix_text(holder, self._line)
         elif kind_of == "response.output_item.done":
@@ -196,6 +201,11 @@ class NoticeStream:
             self._passing = True
             changed = add_to_part(payload.get("response"), item_id, index, self._line)
         return _sse(kind, payload) if changed else raw
+
+
+def _index(value: Any) -> int:
+    """A content index as the Responses events carry it (absent in llama-server's: its one part, 0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _prefix_text(holder: Any, line: str) -> bool:

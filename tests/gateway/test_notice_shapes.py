@@ -14,7 +14,7 @@ from gateway.domain import Dialect, Operation
 from gateway.headers import NDJSON, SSE
 from gateway.notice import Notice, reply_notice
 from gateway.notice.shapes import Shape, add_to_reply, withheld
-from gateway.notice.stream import NoticeStream
+from gateway.notice.stream import MAX_EVENT_BYTES, NoticeStream
 from gateway.notice.text import notice_line
 from gateway.tokens import TokenCount
 
@@ -254,3 +254,16 @@ def test_a_stream_cut_mid_event_gives_back_what_it_held() -> None:
     assert rewriter.feed(b'data: {"choices": [{"ind') == b""
     assert rewriter.end() == b'data: {"choices": [{"ind'
     assert Notice(Shape.OLLAMA_CHAT, LINE).stream(SSE) is None  # an Ollama route answered in SSE: left alone
+
+
+def test_what_a_stream_holds_stays_bounded_and_odd_fields_do_not_break_it() -> None:
+    """A backend that never ends its first event: past MAX_EVENT_BYTES the rest passes as it comes, unread. A
+    Responses event with a content index that is no number is read as part 0, not a crash."""
+    rewriter = NoticeStream(Shape.OLLAMA_CHAT, LINE, NDJSON)
+    big = b'{"message": {"content": "' + b"x" * MAX_EVENT_BYTES
+    assert rewriter.feed(big[:100]) == b""
+    assert rewriter.feed(big[100:]) == big  # what it held, and the rest, as they came
+    assert rewriter.feed(b'"}}\n') == b'"}}\n'  # passing through now
+    odd = _sse(("response.output_text.delta", {"type": "response.output_text.delta", "item_id": "m",
+                                               "content_index": "zero", "delta": "Hi"}))
+    assert orjson.dumps(LINE)[1:-1] in _run(Shape.RESPONSES, SSE, odd, 1, [])
