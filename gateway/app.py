@@ -254,11 +254,15 @@ async def _status(request: web.Request) -> web.Response:
     # Fresh GPU readings, shared by concurrent status reads; a slow backend can't hold the page: after
     # STATUS_GPU_WAIT_S it shows the last readings while the refresh finishes.
     refresh = asyncio.ensure_future(app[GPU_REFRESHES].run("gpus", lambda: _refresh_gpus(app), join_running=True))
+    shared = app[SHARED]
+    if shared is not None:  # every known pool's totals across replicas, also those this replica never admitted to
+        await shared.watch(pools.known().values(), timeout_s=STATUS_GPU_WAIT_S)
     await asyncio.wait({refresh}, timeout=STATUS_GPU_WAIT_S)
     status = kvgate_api.status_snapshot(app[REGISTRY], app[ADMITTER].room, pools.known(),
                                         time.monotonic() - app[STARTED], app[METRICS].truncation_log.snapshot(), notes,
                                         gpus=gpu_rows(app[GPU_BOARD], app[LOADS].counts),
-                                        routing=app[PROXY].router.status, slot_sources=pools.slots.sources)
+                                        routing=app[PROXY].router.status, slot_sources=pools.slots.sources,
+                                        outcomes=app[METRICS].outcomes)
     live = app[LIVE]
     status["config"] = {"reloaded_at_s": live.reloaded_at_s, "needs_restart": list(live.needs_restart)}
     status["recent"] = app[METRICS].recent_decisions.snapshot()  # newest first (observability/decisions.py)

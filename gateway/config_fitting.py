@@ -12,6 +12,7 @@ fields, the tenant's last (``gateway.fitting.policy.policy_for`` resolves them):
     summary_max_tokens     its output budget
     summary_timeout_s      how long a summary may take before kvgate trims instead
     strict                 change nothing: refuse what does not fit
+    notice                 add one line in front of the reply saying what was trimmed or summarized (gateway.notice)
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class FittingOverrides(_Strict):
     summary_max_tokens: int | None = Field(default=None, ge=16)
     summary_timeout_s: float | None = Field(default=None, gt=0)
     strict: bool | None = None
+    notice: bool | None = None
 
     _check_remedies = field_validator("remedies")(classmethod(lambda cls, value: _remedies(value)))
 
@@ -69,5 +71,7 @@ class FittingSettings(_Strict):
     summary_timeout_s: float = Field(default=60.0, gt=0, description="a slower summary is given up: trimmed instead")
     summary_cache_entries: int = Field(default=1024, ge=1, description="summaries kept for the next turns")
     strict: bool = Field(default=False, description="refuse what does not fit; change nothing")
+    notice: bool = Field(default=False, description="a line in front of the reply says what was trimmed or "
+                         "summarized (not for tool calls or structured output)")
 
     _check_remedies = field_validator("remedies")(classmethod(lambda cls, value: _remedies(value)))

@@ -40,6 +40,7 @@ from gateway.admission.outcome import AdmissionOutcome, response_headers
 from gateway.admission.rates import RateLimit
 from gateway.admission.shared.rates import TenantRates
 from gateway.admission.tenants import Tenant
+from gateway.admission.types import PoolKey
 from gateway.backends import Backend, BackendRegistry
 from gateway.body.budget import BodyBudget, BodyLease
 from gateway.body.reader import read_body
@@ -58,8 +59,9 @@ from gateway.fitting.policy import FitPolicy, policy_for
 from gateway.fitting.summarizer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, InternalCalls
 from gateway.headers import REQUEST_ID, request_deadline, upstream_request_headers
 from gateway.listing import merged_listing
+from gateway.notice import Notice, reply_notice
 from gateway.observability.logs import request_id_var
-from gateway.observability.metrics import Metrics, record, record_refusal
+from gateway.observability.metrics import Metrics, record
 from gateway.observability.request_log import logged_content, request_fields
 from gateway.observability.tenant_usage import UNIDENTIFIED, refusal_reason
 from gateway.observability.usage import UsageObserver
@@ -115,6 +117,10 @@ class _Trace:
     """The prompt's count, for the log line of a request refused before admission ended."""
     content: str | None = None
     """The last user message, only with ``server.log_contents`` (request_log.logged_content)."""
+    pool: PoolKey | None = None
+    """The pool the request was planned in, for its counts (observability/outcomes.py)."""
+    summary_failure: str | None = None
+    """Why a summary tried before a refusal failed (``SummaryFailed.reason``)."""
 
 
 class Proxy:
@@ -174,7 +180,7 @@ class Proxy:
             status = exc.status
             detail["error"] = exc.message
             if isinstance(exc, AdmissionRejected):
-                record_refusal(self._metrics, trace.backend)
+                trace.summary_failure = exc.summary_failure
             trace.refusal = refusal_reason(exc, in_admission=trace.admitting)
             return self._error_response(dialect, exc, request_id)
         except asyncio.CancelledError:
@@ -197,7 +203,8 @@ class Proxy:
             route_label = route.path if route is not FALLBACK else "other"
             record(self._metrics, route_label, status, elapsed_s, backend=trace.backend,
                    tenant=str(detail.get("tenant", UNIDENTIFIED)), outcome=trace.outcome,
-                   output_tokens=trace.output_tokens, refusal=trace.refusal)
+                   output_tokens=trace.output_tokens, refusal=trace.refusal, pool=trace.pool,
+                   summary_failure=trace.summary_failure)
             self._metrics.recent_decisions.add(request_id=request_id, tenant=str(detail.get("tenant", UNIDENTIFIED)),
                                                backend=trace.backend, model=trace.model, status=status,
                                                outcome=trace.outcome, refusal=trace.refusal,
@@ -278,6 +285,7 @@ class Proxy:
         if pool is not None and backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
             pool = await self._admitter.pool_at_default(backend, pool)  # /v1 reloads at Ollama's default context
         model = trace.model = pool.model if pool is not None else model
+        trace.pool = pool.key if pool is not None else None
         claim = self._admitter.claim(backend, pool)  # the model is not unloaded under this request
         try:
             count = trace.count = await self._counter.count(parsed, backend, model)
@@ -285,20 +293,23 @@ class Proxy:
             if not plan.retrying:  # the tenant's rate is taken once per request, not once per backend tried
                 await self._take_rate(tenant, count)
             trace.admitting = True
+            fit = self._fit_policy(settings, tenant, model)
             admitted = await self._admitter.admit(
                 parsed, raw, pool, count, tenant, lambda: _gone(request),
                 lambda changed: self._counter.count(
                     changed, backend, model, budget_s=settings.counting.refusal_count_wait_s),
-                self._fit_policy(settings, tenant, model),
+                fit,
                 request_deadline(request.headers),
             )
             trace.outcome, trace.admitting = admitted.outcome, False
             plan.admitted()  # the ledger holds it now; its service time starts
             try:
                 headers = {**response_headers(admitted.outcome), **route_headers}
+                notice = None if pool is None else reply_notice(parsed, admitted.outcome, pool.slot_ctx_tokens,
+                                                                enabled=fit.notice)
                 try:
                     response = await self._forward(request, backend, admitted.body, dialect, request_id, headers,
-                                                   observer, admitted.outcome.forwarded_count)
+                                                   observer, admitted.outcome.forwarded_count, notice)
                 except (BackendUnavailable, BackendTimeout) as exc:  # nothing was sent: the client waits on
                     raise BackendFailed(backend, exc) from None
             finally:
@@ -366,15 +377,19 @@ class Proxy:
         headers_out: dict[str, str],
         observer: UsageObserver | None = None,
         forwarded: TokenCount | None = None,
+        notice: Notice | None = None,
     ) -> web.StreamResponse:
         """Send the request to ``backend`` and relay its answer; with an ``observer``, the reply's usage is read on
-        the way and a reply held whole names a silent truncation of the ``forwarded`` prompt in a header."""
+        the way and a reply held whole names a silent truncation of the ``forwarded`` prompt in a header. A
+        ``notice`` goes into the reply (``fitting.notice``), asked of the backend uncompressed."""
         timeouts = backend.settings.timeouts
         headers = upstream_request_headers(
             request.headers, host=backend.host_header, request_id=request_id, api_key=backend.api_key,
             client_ip=request.remote, strip_client_keys=self._live.tenants.enabled,
             body_decoded=isinstance(body, bytes),  # a body kvgate read is forwarded decoded (gateway.body.encoding)
         )
+        if notice is not None:
+            headers["Accept-Encoding"] = "identity"  # the reply is rewritten: kvgate must read it
         upstream = await backend.client.open(request.method, request.raw_path, headers, body)
         try:
             return await relay(
@@ -383,7 +398,7 @@ class Proxy:
                 observer=observer, coalesce_s=self._live.settings.server.stream_coalesce_s,
                 held_headers=None if observer is None or forwarded is None
                 else functools.partial(self._checks.truncation_header, observer, forwarded),
-                on_cut=functools.partial(self._stream_cut, backend.name),
+                on_cut=functools.partial(self._stream_cut, backend.name), notice=notice,
             )
         finally:
             upstream.close()

@@ -16,8 +16,14 @@ changes. A fast backend then costs the client and kvgate one write and one wake-
 
 Held bodies. A body that is not a stream is read whole before the headers go out when it is small
 (``SMALL_BODY_BYTES``), or, when the caller wants headers that depend on the body (``held_headers``: kvgate names a
-silent truncation it read in the reply), when it ends within ``HELD_BODY_BYTES``. A larger one is sent on as it comes:
-what was held goes first, the rest streams. Streams (NDJSON, SSE) are never held.
+silent truncation it read in the reply) or a notice in it, when it ends within ``HELD_BODY_BYTES``. A larger one is
+sent on as it comes: what was held goes first, the rest streams (and gets no notice). Streams (NDJSON, SSE) are
+never held.
+
+Notices (``gateway.notice``, ``fitting.notice``). A 200 reply to a request kvgate trimmed or summarized may carry one
+line saying so: a held JSON body is rewritten with it, a stream gets one extra event before its first text (the rest
+of its bytes pass unchanged). The observer reads the backend's own bytes, so usage is never the notice's. A body
+with a Content-Encoding kvgate can't read gets none.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from gateway.backends.client import broken_off
 from gateway.domain import Dialect
 from gateway.errors import BackendTimeout, GatewayError
 from gateway.headers import downstream_response_headers, stream_kind
+from gateway.notice import Notice, NoticeStream
 from gateway.observability.usage import UsageObserver
 from gateway.serving import CONNECTIONS
 
@@ -82,18 +89,27 @@ async def relay(
     coalesce_s: float = 0.0,
     held_headers: HeldHeaders | None = None,
     on_cut: Callable[[str], None] | None = None,
+    notice: Notice | None = None,
 ) -> web.StreamResponse:
     """Relay the backend's answer. ``on_cut`` hears why, when the backend's stream broke off after the answer began
-    (the connection dropped, or it went silent for ``idle_s``): too late to retry, but the backend is suspect."""
+    (the connection dropped, or it went silent for ``idle_s``): too late to retry, but the backend is suspect.
+    ``notice``: the line a 200 reply gets (module docstring)."""
     headers = downstream_response_headers(upstream.headers, request_id=request_id)
     headers.update(extra_headers)
     kind = stream_kind(upstream.headers.get("Content-Type", ""))
     if observer is not None:
         observer.begin(upstream.headers.get("Content-Type", ""))
+    if notice is not None and (upstream.status != 200 or upstream.headers.get("Content-Encoding", "identity").lower()
+                               not in ("", "identity")):
+        notice = None
+    rewriter = None if notice is None or kind is None else notice.stream(kind)
+    if rewriter is not None:
+        headers.popall("Content-Length", None)  # one event longer
     length = upstream.content_length
-    hold_bytes = HELD_BODY_BYTES if held_headers is not None else SMALL_BODY_BYTES
+    holding = held_headers is not None or notice is not None
+    hold_bytes = HELD_BODY_BYTES if holding else SMALL_BODY_BYTES
     held = b""
-    held_whole = held_headers is not None if length is None else length <= hold_bytes
+    held_whole = holding if length is None else length <= hold_bytes
     if kind is None and held_whole:
         held, whole = await _hold(upstream, hold_bytes, idle_s=idle_s, backend_label=backend_label)
         if observer is not None:
@@ -101,7 +117,11 @@ async def relay(
         if whole:
             if held_headers is not None:
                 headers.update(held_headers(upstream.status, headers))
-            return web.Response(status=upstream.status, reason=upstream.reason, headers=headers, body=held)
+            told = None if notice is None else notice.rewrite_body(held)
+            if told is not None:
+                headers.popall("Content-Length", None)
+            return web.Response(status=upstream.status, reason=upstream.reason, headers=headers,
+                                body=held if told is None else told)
 
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     await response.prepare(request)
@@ -110,7 +130,7 @@ async def relay(
         if held:
             await _write_held(response, held, write_s)
         error = await pump(upstream, response, idle_s=idle_s, coalesce_s=coalesce_s, backend_label=backend_label,
-                            observer=observer, write_s=write_s)
+                            observer=observer, write_s=write_s, rewriter=rewriter)
     except ClientStalled:
         _client_stalled(request, write_s)
         return response
@@ -118,13 +138,15 @@ async def relay(
         log.info("client disconnected mid-stream; upstream request closed")
         return response
     if error is None:
-        await response.write_eof()
+        await response.write_eof(rewriter.end() if rewriter is not None else b"")
         return response
     log.warning("stream from backend ended early: %s", error.message)
     if on_cut is not None:
         on_cut(error.message)
     if kind is not None:
         try:
+            if rewriter is not None:
+                await response.write(rewriter.end())
             await response.write(dialects.stream_error_event(dialect, error))
             await response.write_eof()
         except ConnectionError:
@@ -229,10 +251,12 @@ async def pump(
     backend_label: str,
     observer: UsageObserver | None,
     write_s: float = math.inf,
+    rewriter: NoticeStream | None = None,
 ) -> GatewayError | None:
     """Copy chunks until the backend's body ends, coalescing fast ones (module docstring); returns the backend's
     failure, if any. Raises ``ClientGone`` when the client left, ``ClientStalled`` when a write did not drain
-    within ``write_s``."""
+    within ``write_s``. With a ``rewriter``, the client gets what it makes of each chunk (the observer, the
+    backend's own)."""
     loop = asyncio.get_running_loop()
     content = upstream.content
     task = asyncio.current_task()
@@ -261,12 +285,16 @@ async def pump(
                 return None
             if observer is not None:
                 observer.feed(chunk)
+            at_end = error is None and content.at_eof()
+            if rewriter is not None:
+                chunk = rewriter.feed(chunk) + (rewriter.end() if at_end else b"")
             watchdog.start_write()
             try:
-                if error is None and content.at_eof():  # the body's end came with it: send both in one write
+                if at_end:  # the body's end came with it: send both in one write
                     await response.write_eof(chunk)
                     return None
-                await response.write(chunk)
+                if chunk:
+                    await response.write(chunk)
             except ConnectionError:
                 raise ClientGone from None
             watchdog.writing_since = None

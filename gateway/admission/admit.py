@@ -281,22 +281,24 @@ class Admitter:
             return None
         target = self._target_tokens(pool, cost)
         failed: list[str] = []
+        summary_failures: list[str] = []  # the reasons (SummaryFailed.reason) of the summaries that failed
         for remedy in fit.effective_remedies():
             if remedy == "summarize" and parsed.messages and self._summaries is not None:
-                summarized = await self._summarize(parsed, cost, recount, fit, target, failed)
+                summarized = await self._summarize(parsed, cost, recount, fit, target, failed, summary_failures)
                 if summarized is not None:
                     return summarized
             elif remedy == "trim":
                 trimmed = await self._trim(parsed, cost, recount, target, failed)
                 if trimmed is not None:
-                    return trimmed
+                    return _after_summary_failure(trimmed, summary_failures)
         if failed:
             rejected.message = f"{rejected.message} ({'; '.join(failed)})"
+        rejected.summary_failure = summary_failures[0] if summary_failures else None
         return None
 
     async def _summarize(
         self, parsed: ParsedRequest, cost: RequestCost, recount: Recount, fit: FitPolicy, target: int,
-        failed: list[str],
+        failed: list[str], summary_failures: list[str],
     ) -> tuple[ParsedRequest, RequestCost, None, SummaryNote] | None:
         assert self._summaries is not None
 
@@ -307,8 +309,7 @@ class Admitter:
             done = await self._summaries.fit(parsed.messages, parsed.dialect, fit, target_tokens=target, count=count)
         except SummaryFailed as exc:
             failed.append(f"summary failed: {exc}")
-            return None
-        if done is None:
+            summary_failures.append(exc.reason)
             return None
         note = SummaryNote(done.replaced, len(parsed.messages), cost.prompt_tokens, done.prompt_tokens, done.cached)
         changed = _with_messages(parsed, done.messages)
@@ -354,6 +355,16 @@ class Admitter:
             if exc.code != CONTEXT_LENGTH_EXCEEDED:
                 raise
             return exc
+
+
+def _after_summary_failure(
+    trimmed: tuple[ParsedRequest, RequestCost, Trim, None], summary_failures: list[str],
+) -> tuple[ParsedRequest, RequestCost, Trim, None]:
+    """A trim that followed a failed summary names the failure's reason (counted as summary_failed)."""
+    if not summary_failures:
+        return trimmed
+    changed, cost, trim, _ = trimmed
+    return changed, cost, replace(trim, summary_failure=summary_failures[0]), None
 
 
 def _with_messages(parsed: ParsedRequest, messages: list[dict[str, Any]]) -> ParsedRequest:

@@ -26,6 +26,9 @@ RETRY_AFTER_S = 1.0
 class AdmissionRejected(GatewayError):
     """Raised by the waiting room when a request is refused; ``reject`` is the decision, rendered by the proxy."""
 
+    summary_failure: str | None = None
+    """Set by the admission step when a summary was tried first and failed (``SummaryFailed.reason``)."""
+
     def __init__(self, reject: Reject) -> None:
         super().__init__(reject.message)
         self.reject = reject

@@ -53,6 +53,8 @@ class Trim:
     after_tokens: int
     reason: str | None = None
     text: str | None = None
+    summary_failure: str | None = None
+    """The bounded reason (``summarize.SummaryFailed.reason``) of the summary tried first, when one failed."""
 
     def describe(self) -> str:
         said = self.text or describe_trim(self.dropped_messages, self.of_messages, self.before_tokens,
@@ -102,6 +104,21 @@ class AdmissionOutcome:
     notes: tuple[str, ...] = ()
     context_lowered: tuple[int, int] | None = None
     """(asked, loaded): kvgate loaded the model at a smaller context than asked, to fit GPU memory."""
+
+    @property
+    def summary_failure(self) -> str | None:
+        """Why a summary tried before the trim failed (a bounded label), or None."""
+        return self.trim.summary_failure if self.trim is not None else None
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the context the request asked for (``num_ctx``) was rewritten to the loaded one."""
+        return any(rewrite_kind(change) == "context" for change in self.rewrites)
+
+    @property
+    def clamped(self) -> bool:
+        """Whether an output limit was lowered (or one written where the client set none)."""
+        return any(rewrite_kind(change) == "output" for change in self.rewrites)
 
     @property
     def decision(self) -> AdmissionDecision:
@@ -187,18 +204,39 @@ def log_fields(outcome: AdmissionOutcome) -> dict[str, object]:
     return fields
 
 
+def rewrite_kind(change: str) -> str:
+    """Which limit one change of ``fitting.rewrite.apply_rewrites`` (``"FIELD=VALUE (was ...)"``) rewrote:
+    "context" for the context a dialect carries (Ollama's ``options.num_ctx``, its only one), else "output"."""
+    field = change.split("=", 1)[0]
+    return "context" if field.rsplit(".", 1)[-1] == "num_ctx" else "output"
+
+
 def decision_labels(outcome: AdmissionOutcome) -> tuple[str, ...]:
-    """The ``decision`` labels of ``kvgate_decisions_total`` one request counts in: admitted (and queued, when it
-    waited), rewritten, trimmed."""
+    """The ``decision`` labels of ``kvgate_decisions_total`` an admitted request counts in (one request may count in
+    several): admitted (reserved in its pool) and queued (after a wait), or forwarded_without_pool; rewritten (any
+    field), and apart: clamped (an output limit lowered), pinned (``num_ctx`` set to the loaded context),
+    context_lowered (the model loaded at a smaller context than asked); trimmed, summarized, summary_failed (a
+    summary tried first failed, and the request was trimmed instead). A refusal is counted by the proxy
+    (``observability.outcomes``)."""
     labels: list[str] = []
     if outcome.reserved is not None:
         labels.append("admitted")
         if outcome.decision is AdmissionDecision.ADMITTED_AFTER_WAIT:
             labels.append("queued")
+    else:
+        labels.append("forwarded_without_pool")
     if outcome.rewrites:
         labels.append("rewritten")
+    if outcome.clamped:
+        labels.append("clamped")
+    if outcome.pinned:
+        labels.append("pinned")
+    if outcome.context_lowered is not None:
+        labels.append("context_lowered")
     if outcome.trim is not None:
         labels.append("trimmed")
     if outcome.summary is not None:
         labels.append("summarized")
+    if outcome.summary_failure is not None:
+        labels.append("summary_failed")
     return tuple(labels)

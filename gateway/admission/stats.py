@@ -1,4 +1,10 @@
-"""What the waiting room exposes to metrics and the status page: queue lengths, waits and outcomes per pool."""
+"""What the waiting room exposes to metrics and the status page: queue lengths and waits per pool.
+
+Its counters are the queue's own account of what it did (reservations made, plans it rejected, waiters it turned
+away), not the outcome of requests: a chat whose first plan is rejected as too long may still be trimmed and
+admitted by the admission step. Requests by outcome (admitted, trimmed, refused, ...) are counted once, where each
+request ends (``gateway.observability.outcomes``).
+"""
 
 from __future__ import annotations
 
@@ -19,13 +25,14 @@ class WaiterView:
 
 @dataclass(slots=True)
 class QueueCounters:
-    """Monotonic counters of one pool's queue (Prometheus counters read these)."""
+    """Monotonic counters of one pool's queue (``kvgate_queue_wait_seconds_total`` reads its waits)."""
 
     admitted_total: int = 0
     admitted_after_wait_total: int = 0
     waited_s_total: float = 0.0
     max_waited_s: float = 0.0
-    rejected_total: int = 0
+    plan_rejections_total: int = 0
+    """Plans the planner rejected (too long, too many sequences...): the caller may still trim and retry."""
     queue_full_total: int = 0
     timed_out_total: int = 0
     left_total: int = 0
@@ -48,7 +55,7 @@ class QueueStats:
     admitted_after_wait_total: int
     waited_s_total: float
     max_waited_s: float
-    rejected_total: int
+    plan_rejections_total: int
     queue_full_total: int
     timed_out_total: int
     left_total: int
@@ -59,5 +66,5 @@ class QueueStats:
         c = counters
         return cls(
             key, len(waiters), oldest_s, waiters, c.admitted_total, c.admitted_after_wait_total, c.waited_s_total,
-            c.max_waited_s, c.rejected_total, c.queue_full_total, c.timed_out_total, c.left_total,
+            c.max_waited_s, c.plan_rejections_total, c.queue_full_total, c.timed_out_total, c.left_total,
         )  # fmt: skip

@@ -212,7 +212,7 @@ class WaitingRoom:
         elif again is None:
             first = plan(cost, pool, self.pool_snapshot(key), policy)
             if isinstance(first, Reject):  # rejections never depend on the snapshot: refuse now, not after a wait
-                self._counter(key).rejected_total += 1
+                self._counter(key).plan_rejections_total += 1
                 raise AdmissionRejected(first)
             fair = self._fair.setdefault(key, FairClock())
             tag = fair.tag(cost.tenant, _reserve_tokens(first, cost, pool, policy), cost.weight)
@@ -338,7 +338,7 @@ class WaitingRoom:
             queue.remove(waiter)
             if isinstance(decision, Reject):
                 self._fair[key].withdrawn(waiter.tag)
-                self._counter(key).rejected_total += 1
+                self._counter(key).plan_rejections_total += 1
                 waiter.future.set_exception(AdmissionRejected(decision))
             else:
                 waiter.future.set_result(self._grant(waiter, decision, now_s))

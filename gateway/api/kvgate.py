@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway import __version__, dialects
-from gateway.admission import PoolKey, PoolSpec, WaitingRoom
+from gateway.admission import PoolKey, PoolSpec, QueueStats, WaitingRoom
 from gateway.admission.pool_slots import SlotSource
 from gateway.backends import Backend, BackendRegistry
 from gateway.backends.prober import ProbeError
@@ -34,6 +34,8 @@ from gateway.memory.residency import (
 )
 from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import VramReading, VramUnavailable
+from gateway.observability.outcomes import OutcomeTally
+from gateway.observability.pool_layout import pool_label
 from gateway.observability.tenant_usage import TenantUsage
 from gateway.routes import ROUTES
 from gateway.text import safe_text
@@ -201,43 +203,24 @@ def status_snapshot(
     truncations: dict[str, Any] | None = None, notes: dict[str, list[str]] | None = None,
     *, gpus: list[dict[str, Any]] | None = None, routing: Callable[[str], dict[str, Any]] | None = None,
     slot_sources: Mapping[tuple[str, str], SlotSource] | None = None,
+    outcomes: OutcomeTally | None = None,
 ) -> dict[str, Any]:
     """Backends (with ``notes``: why one is forwarded without admission, a configured context its loaded models
     disagree with), their models, every KV pool with its reservations and queue, the GPU ledger of each backend with
     a VRAM source (``observability.gpus.gpu_rows``), and the silent truncations seen in replies
     (``TruncationLog.snapshot()``), as JSON; with ``routing`` (``Router.status``), each backend's routing state:
     seconds it stays out after failing, why, outages and retries; with ``slot_sources`` (``SlotBook.sources``), where
-    each pool's slot count came from (configured, inferred from /api/ps, reported by /props, assumed). Every string
-    that may come from a client or a backend is safe text (``gateway.text``), so the page always encodes."""
+    each pool's slot count came from (configured, inferred from /api/ps, reported by /props, assumed). With
+    ``outcomes``, each pool's requests by outcome since start and the totals of every request
+    (``observability/outcomes.py``). Every string that may come from a client or a backend is safe text
+    (``gateway.text``), so the page always encodes."""
     notes = notes or {}
     stats = room.stats()
-    pool_rows = []
-    for key in sorted({*pools, *room.ledger.keys(), *stats}):
-        pool_key = PoolKey(*key)
-        snapshot = room.ledger.snapshot(pool_key)
-        spec = pools.get(key)
-        stat = stats.get(pool_key)
-        slot_source = (slot_sources or {}).get(key)
-        pool_rows.append({
-            "backend": safe_text(key[0]), "model": safe_text(key[1]),
-            "kind": "unified" if spec and spec.unified else "split" if spec else None,
-            "slots": spec.slots if spec else None,
-            "slots_source": None if slot_source is None else {**slot_source.to_json(),
-                                                              "detail": safe_text(slot_source.detail)},
-            "slot_context_tokens": spec.slot_ctx_tokens if spec else None,
-            "capacity_tokens": spec.pool_tokens if spec else None,
-            "active_sequences": snapshot.active_sequences,
-            "reserved_tokens": snapshot.reserved_tokens,
-            "sequences": [{"id": r.id, "tenant": safe_text(r.tenant), "tokens": r.tokens, "sequences": r.sequences}
-                          for r in room.ledger.reservations(pool_key)],
-            "queued": stat.queued if stat else 0,
-            "oldest_wait_s": round(stat.oldest_waited_s, 3) if stat else 0.0,
-            "admitted_total": stat.admitted_total if stat else 0,
-            "refused_total": (stat.rejected_total + stat.queue_full_total + stat.timed_out_total) if stat else 0,
-            "waiting": [{"position": position, "tenant": safe_text(w.tenant), "priority": w.priority,
-                         "waited_s": round(w.waited_s, 3), "reason": safe_text(w.reason)}
-                        for position, w in enumerate(stat.waiters if stat else (), start=1)],
-        })
+    tally = outcomes or OutcomeTally()
+    keys = {*(PoolKey(*key) for key in pools), *room.ledger.keys(), *stats, *tally.keys()}
+    sources = slot_sources or {}
+    pool_rows = [{**_pool_row(room, key, pools.get(key), stats.get(key), tally),
+                  "slots_source": _slots_source(sources.get(key))} for key in sorted(keys)]
     return {
         "version": __version__,
         "uptime_s": round(uptime_s, 1),
@@ -249,8 +232,41 @@ def status_snapshot(
             for b in registry.backends
         ],
         "pools": pool_rows,
+        "outcomes": tally.total.to_json(),
         "gpus": gpus or [],
         "truncations": truncations or {"counts": [], "recent": []},
+    }
+
+
+def _pool_row(room: WaitingRoom, key: PoolKey, spec: PoolSpec | None, stat: QueueStats | None,
+              tally: OutcomeTally) -> dict[str, Any]:
+    """One pool: its layout, what it holds on every replica (``scope`` "shared", with a shared ledger) and this
+    replica's part of it (``local``; its own reservations are ``sequences``), its queue here, and its requests by
+    outcome since start."""
+    total, here = room.pool_snapshot(key), room.ledger.snapshot(key)
+    queued_here = stat.queued if stat else 0
+    return {
+        "backend": safe_text(key.backend), "model": safe_text(key.model),
+        "kind": "unified" if spec and spec.unified else "split" if spec else None,
+        "layout": pool_label(spec) if spec else None,
+        "slots": spec.slots if spec else None,
+        "slot_context_tokens": spec.slot_ctx_tokens if spec else None,
+        "capacity_tokens": spec.pool_tokens if spec else None,
+        "scope": "local" if room.shared is None else "shared",
+        "active_sequences": total.active_sequences,
+        "reserved_tokens": total.reserved_tokens,
+        "local": {"active_sequences": here.active_sequences, "reserved_tokens": here.reserved_tokens},
+        "other_replicas": {"active_sequences": max(0, total.active_sequences - here.active_sequences),
+                           "reserved_tokens": max(0, total.reserved_tokens - here.reserved_tokens),
+                           "queued": max(0, room.queue_length(key) - queued_here)},
+        "sequences": [{"id": r.id, "tenant": safe_text(r.tenant), "tokens": r.tokens, "sequences": r.sequences}
+                      for r in room.ledger.reservations(key)],
+        "queued": queued_here,
+        "oldest_wait_s": round(stat.oldest_waited_s, 3) if stat else 0.0,
+        "waiting": [{"position": position, "tenant": safe_text(w.tenant), "priority": w.priority,
+                     "waited_s": round(w.waited_s, 3), "reason": safe_text(w.reason)}
+                    for position, w in enumerate(stat.waiters if stat else (), start=1)],
+        **tally.pool(key).to_json(),
     }
 
 
@@ -264,12 +280,14 @@ def status_html(status: dict[str, Any]) -> str:
     def cells(values: list[Any], tag: str = "td") -> str:
         return "".join(f"<{tag}>{html.escape(safe_text(str(v)))}</{tag}>" for v in values)
 
-    pool_columns = ["backend", "model", "kind", "slots", "slots_source", "slot_context_tokens", "capacity_tokens",
-                    "active_sequences", "reserved_tokens", "queued", "oldest_wait_s", "admitted_total", "refused_total"]
+    pool_columns = ["backend", "model", "layout", "slots_source", "capacity_tokens", "active_sequences", "reserved_tokens", "queued",
+                    "oldest_wait_s", "admitted_total", "queued_total", "clamped_total", "pinned_total",
+                    "trimmed_total", "summarized_total", "summary_failed_total", "refused_total"]
     backend_columns = [[b["name"], b["kind"], b["url"], ", ".join(b["models"]), _out_cell(b.get("routing")),
                         b["last_error"] or "", "; ".join(b["notes"])] for b in status["backends"]]
     backend_rows = "".join(f"<tr>{cells(row)}</tr>" for row in backend_columns)
-    pool_rows = "".join(f"<tr>{cells([_pool_cell(p, c) for c in pool_columns])}</tr>" for p in status["pools"])
+    pool_rows = "".join(f"<tr>{cells([_pool_cell(p, c) for c in pool_columns])}</tr>"
+                        for p in status["pools"])
     gpu_columns = ["backend", "source", "total_bytes", "models", "other_processes_bytes", "reserved_bytes",
                    "free_bytes", "overcommitted", "problem"]
     gpu_rows = "".join(f"<tr>{cells([_gpu_cell(g, c) for c in gpu_columns])}</tr>" for g in status.get("gpus", []))
@@ -309,7 +327,11 @@ def _pool_cell(pool: dict[str, Any], column: str) -> Any:
     if column == "slots_source":
         source = pool.get("slots_source")
         return "" if not source else f"{source['source']}: {source['detail']}"
-    return pool[column]
+    return "" if pool.get(column) is None else pool[column]
+
+
+def _slots_source(source: SlotSource | None) -> dict[str, Any] | None:
+    return None if source is None else {**source.to_json(), "detail": safe_text(source.detail)}
 
 
 def _gpu_cell(gpu: dict[str, Any], column: str) -> Any:

@@ -13,6 +13,7 @@ from gateway.check.readings import BackendReadings, Known, ResidentModel
 from gateway.memory.kv import ShapeError
 from gateway.memory.ollama_slots import infer_ollama_slots
 from gateway.memory.render import format_bytes
+from gateway.observability.pool_layout import layout_label
 
 OVERSIZED_FACTOR = 4
 """A context this many times the longest prompt (and above OVERSIZED_MIN_TOKENS) reserves cache nobody uses."""
@@ -130,7 +131,7 @@ def pool_findings(backend: BackendReadings, longest: Known[int]) -> list[Finding
     slots, per_slot, unified = props.total_slots, props.n_ctx_slot, seen.unified.value
     pool = per_slot if unified else per_slot * slots
     layout = "unknown" if unified is None else "unified" if unified else "split"
-    what = f"{slots} slot(s), {_tokens(per_slot)} tokens per slot, KV pool {layout}"
+    what = f"KV pool {layout}: {layout_label(unified=unified, slots=slots, slot_ctx_tokens=per_slot)}"
     evidence = (f"/props total_slots {slots}, default_generation_settings.n_ctx {_tokens(per_slot)}",
                 f"unified from {seen.unified.source}",
                 *(f"slot {s.slot_id}: n_ctx {_tokens(s.n_ctx)}, {'busy' if s.is_processing else 'idle'}"

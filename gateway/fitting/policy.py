@@ -32,6 +32,8 @@ class FitPolicy:
     summary_max_tokens: int
     summary_timeout_s: float
     strict: bool = False
+    notice: bool = False
+    """Tell the person too: a line in front of the reply saying what was trimmed or summarized (gateway.notice)."""
 
     def effective_remedies(self) -> tuple[Remedy, ...]:
         """The remedies tried, in order, up to the first "refuse" (refusal ends every list)."""
@@ -47,8 +49,8 @@ class FitPolicy:
         return tuple(tried)
 
     def without_summaries(self) -> FitPolicy:
-        """The policy of kvgate's own summary requests: never summarized themselves."""
-        return replace(self, remedies=tuple(r for r in self.remedies if r != "summarize"))
+        """The policy of kvgate's own summary requests: never summarized themselves, and no notice in the summary."""
+        return replace(self, remedies=tuple(r for r in self.remedies if r != "summarize"), notice=False)
 
 
 def _apply(policy: FitPolicy, overrides: FittingOverrides) -> FitPolicy:
@@ -68,6 +70,7 @@ def policy_for(settings: Settings, *, tenant: str | None = None, model: str | No
         remedies=tuple(remedies), keep_newest_turns=base.keep_newest_turns, summary_model=base.summary_model,
         summary_backend=base.summary_backend, summary_instructions=base.summary_instructions,
         summary_max_tokens=base.summary_max_tokens, summary_timeout_s=base.summary_timeout_s, strict=base.strict,
+        notice=base.notice,
     )
     if model:
         name = find_model(model, settings.models.keys())

@@ -58,8 +58,26 @@ KeyFn = Callable[[Sequence[Message]], str]
 SUMMARY_PREFIX = "Summary of the earlier conversation, made by kvgate: "
 
 
+SUMMARY_TIMEOUT = "timeout"
+"""The summary model took longer than ``summary_timeout_s``."""
+SUMMARY_ERROR = "error"
+"""The summary request failed: refused (but not for its length), an error answer, a broken connection, an empty
+summary, or no summary model to ask."""
+SUMMARY_TOO_LONG = "too_long"
+"""What was to be summarized is too long for the summary model's own context (its request was refused so)."""
+SUMMARY_NO_FIT = "no_fit"
+"""No summary makes the prompt fit: the summary (new or cached) leaves it over the target, or no turn may be
+summarized (the newest ``keep_newest_turns`` turns stay verbatim)."""
+SUMMARY_FAILURES = (SUMMARY_TIMEOUT, SUMMARY_ERROR, SUMMARY_TOO_LONG, SUMMARY_NO_FIT)
+
+
 class SummaryFailed(Exception):
-    """Raised when the summarizer failed, or its summary does not fit; str() says why."""
+    """Raised when the summarizer failed, or its summary does not fit; str() says why, ``reason`` is one of
+    ``SUMMARY_FAILURES`` (a bounded label for metrics)."""
+
+    def __init__(self, message: str, reason: str = SUMMARY_ERROR) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class SummaryCache:
@@ -163,7 +181,7 @@ def _summary_input(largest: _Boundary, previous: tuple[_Boundary, str] | None) -
 
 def _too_long(what: str, result: Summarized, target_tokens: int) -> SummaryFailed:
     return SummaryFailed(f"{what} of the {result.replaced} oldest messages does not fit: "
-                         f"{result.prompt_tokens:,} tokens > {target_tokens:,} target")
+                         f"{result.prompt_tokens:,} tokens > {target_tokens:,} target", SUMMARY_NO_FIT)
 
 
 async def summarize_history(

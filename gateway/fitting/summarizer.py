@@ -27,13 +27,16 @@ import aiohttp
 import orjson
 
 from gateway.fitting.policy import FitPolicy
-from gateway.fitting.summarize import Message, SummaryFailed
+from gateway.fitting.summarize import SUMMARY_ERROR, SUMMARY_TIMEOUT, SUMMARY_TOO_LONG, Message, SummaryFailed
 from gateway.tokens.text import content_text
 
 INTERNAL_HEADER = "X-Kvgate-Internal"
 ROUTE_BACKEND_HEADER = "X-Kvgate-Route-Backend"
 SUMMARIZER_TENANT = "kvgate-summarizer"
 TRANSCRIPT_HEADING = "The conversation to summarize:"
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+"""The code of kvgate's (and OpenAI's) refusal of a prompt too long for the context: the summary model's context
+can't hold the conversation to summarize."""
 
 
 class InternalCalls:
@@ -71,16 +74,12 @@ class Summarizer:
         self._session = session
         self._internal = internal
         self.calls = 0
-        self.failures = 0
 
     async def summarize(self, messages: Sequence[Message], policy: FitPolicy) -> str:
-        """The summary of ``messages`` by the policy's summary model; SummaryFailed naming why there is none."""
+        """The summary of ``messages`` by the policy's summary model; SummaryFailed naming why there is none (its
+        failures are counted by ``Summaries``, with those of summaries that do not fit)."""
         self.calls += 1
-        try:
-            return await self._ask(messages, policy)
-        except SummaryFailed:
-            self.failures += 1
-            raise
+        return await self._ask(messages, policy)
 
     async def _ask(self, messages: Sequence[Message], policy: FitPolicy) -> str:
         if self._internal.url is None or policy.summary_model is None:
@@ -101,7 +100,7 @@ class Summarizer:
                     status = response.status
         except TimeoutError:
             raise SummaryFailed(f"the summary model {policy.summary_model!r} took longer than "
-                                f"{policy.summary_timeout_s:g} s (summary_timeout_s)") from None
+                                f"{policy.summary_timeout_s:g} s (summary_timeout_s)", SUMMARY_TIMEOUT) from None
         except aiohttp.ClientError as exc:
             raise SummaryFailed(f"the summary request failed: {exc}") from None
         return _summary_text(raw, status, policy.summary_model)
@@ -115,7 +114,9 @@ def _summary_text(raw: bytes, status: int, model: str) -> str:
     if status != 200:
         error = data.get("error") if isinstance(data, dict) else None
         message = error.get("message") if isinstance(error, dict) else error
-        raise SummaryFailed(f"the summary model {model!r} answered {status}: {str(message or raw[:200])[:300]}")
+        code = error.get("code") if isinstance(error, dict) else None
+        raise SummaryFailed(f"the summary model {model!r} answered {status}: {str(message or raw[:200])[:300]}",
+                            SUMMARY_TOO_LONG if code == CONTEXT_LENGTH_EXCEEDED else SUMMARY_ERROR)
     try:
         text = data["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):

@@ -2,8 +2,9 @@
 
     proxy (the request's last step) --add--> DecisionLog (bounded, newest first) --snapshot--> /kvgate/status "recent"
 
-One entry per request that admission decided on: admitted, queued (admitted after a wait), clamped (a field
-rewritten: ``num_ctx``, ``max_tokens``), trimmed, summarized, or refused by kvgate itself (``refusal`` set). A
+One entry per request that admission decided on: admitted, queued (admitted after a wait), pinned (``num_ctx`` set
+to the loaded context), clamped (an output limit lowered: ``max_tokens``...), trimmed, summarized, or refused by
+kvgate itself (``refusal`` set), the most telling one named (the counts of each are ``outcomes.OutcomeTally``). A
 request that never reached admission and was not refused (a model listing, a backend that failed) is no decision and
 is left out. An entry holds kvgate's own words (the outcome's notes, the refusal's message) and names (tenant,
 backend, model, request id), never message contents or keys; every string is safe text (``gateway.text``).
@@ -34,7 +35,7 @@ class DecisionEvent:
     tenant: str
     backend: str
     model: str
-    decision: str  # admitted | queued | clamped | trimmed | summarized | refused
+    decision: str  # admitted | queued | pinned | clamped | trimmed | summarized | refused
     reason: str
     status: int
     reserved_tokens: int | None
@@ -55,7 +56,7 @@ def describe(outcome: AdmissionOutcome | None, refusal: str | None, error: str |
         decision = "queued"
         parts.append(f"waited {outcome.waited_s:.2f} s")
     if outcome.rewrites:
-        decision = "clamped"
+        decision = "clamped" if outcome.clamped else "pinned"
         parts.append("; ".join(outcome.rewrites))
     if outcome.trim is not None:
         decision = "trimmed"

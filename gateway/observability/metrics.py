@@ -12,14 +12,23 @@ the waiting room when scraped (``GET /kvgate/metrics``), so they can never drift
     kvgate_tenant_queue_seconds_total{tenant}            summed queue waits of admitted requests
     kvgate_request_duration_seconds{route}               time to the end of the response
     kvgate_prompt_tokens_total{backend,counter,exact}    prompt tokens counted
-    kvgate_decisions_total{backend,decision}             admitted | queued | rewritten | trimmed | refused
+    kvgate_decisions_total{backend,decision}             one request, once, in each that applies: admitted |
+                                                         queued | forwarded_without_pool | rewritten | clamped |
+                                                         pinned | context_lowered | trimmed | summarized |
+                                                         summary_failed | refused (observability/outcomes.py)
     kvgate_truncations_total{backend,model}              replies whose reported prompt is short of kvgate's count
-    kvgate_pool_active_sequences{backend,model}          sequences holding a reservation now
-    kvgate_pool_reserved_tokens{backend,model}           KV cells reserved now
+    kvgate_pool_active_sequences{backend,model}          sequences holding a reservation now, on every replica
+    kvgate_pool_reserved_tokens{backend,model}           KV cells reserved now, on every replica (shared ledger)
+    kvgate_pool_active_sequences_local{backend,model}    ... of them, this replica's (the same without a shared ledger)
+    kvgate_pool_reserved_tokens_local{backend,model}     ... of them, this replica's
     kvgate_pool_capacity_tokens{backend,model}           the pool's size
-    kvgate_queue_length{backend,model}                   requests waiting now
+    kvgate_queue_length{backend,model}                   requests waiting now (here)
     kvgate_queue_wait_seconds_total{backend,model}       summed waits of admitted requests
-    kvgate_queue_rejected_total{backend,model,reason}    queue_full | queue_timeout | context
+    kvgate_queue_rejected_total{backend,model,reason}    final refusals: queue_full | queue_timeout | context (a chat
+                                                         trimmed or summarized and served is none)
+    kvgate_pool_refusals_total{backend,model,reason}     every final refusal of a request planned in the pool
+    kvgate_summary_failures_total{reason}                summaries tried that failed: timeout | error | too_long |
+                                                         no_fit (the request was trimmed or refused)
     kvgate_gpu_total_bytes{backend}                      device memory of the backend's GPUs (its vram source)
     kvgate_gpu_model_bytes{backend,model}                each resident model's bytes (reported or estimated)
     kvgate_gpu_other_processes_bytes{backend}            used beyond the resident models (foreign processes)
@@ -48,12 +57,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.admission import PoolSpec, WaitingRoom
+from gateway.admission import PoolKey, PoolSpec, WaitingRoom
 from gateway.admission.gpu_ledger import GpuBoard
 from gateway.admission.loads import LoadCounts
-from gateway.admission.outcome import AdmissionOutcome, decision_labels
+from gateway.admission.outcome import AdmissionOutcome
 from gateway.fitting.summaries import Summaries
+from gateway.fitting.summarize import SUMMARY_FAILURES
 from gateway.observability.decisions import DecisionLog
+from gateway.observability.outcomes import QUEUE_REASONS, OutcomeTally, request_decisions
 from gateway.observability.prompts_seen import LongestPrompts
 from gateway.observability.tenant_usage import UNIDENTIFIED, TenantUsage
 from gateway.observability.truncations import TruncationLog
@@ -67,35 +78,51 @@ def _labels(values: tuple[str, ...]) -> list[str]:
 
 
 class _PoolCollector(Collector):
-    def __init__(self, room: WaitingRoom, pools: Callable[[], dict[tuple[str, str], PoolSpec]]) -> None:
+    def __init__(self, room: WaitingRoom, pools: Callable[[], dict[tuple[str, str], PoolSpec]],
+                 outcomes: OutcomeTally) -> None:
         self._room = room
         self._pools = pools
+        self._outcomes = outcomes
 
     def collect(self) -> Iterator[Metric]:
         labels = ["backend", "model"]
-        active = GaugeMetricFamily("kvgate_pool_active_sequences", "Sequences holding a reservation", labels=labels)
-        reserved = GaugeMetricFamily("kvgate_pool_reserved_tokens", "KV cells reserved now", labels=labels)
+        active = GaugeMetricFamily("kvgate_pool_active_sequences", "Sequences holding a reservation (every replica)",
+                                   labels=labels)
+        reserved = GaugeMetricFamily("kvgate_pool_reserved_tokens", "KV cells reserved now (every replica)",
+                                     labels=labels)
+        active_here = GaugeMetricFamily("kvgate_pool_active_sequences_local", "Sequences this replica holds",
+                                        labels=labels)
+        reserved_here = GaugeMetricFamily("kvgate_pool_reserved_tokens_local", "KV cells this replica reserved",
+                                          labels=labels)
         capacity = GaugeMetricFamily("kvgate_pool_capacity_tokens", "KV cells in the pool", labels=labels)
         queued = GaugeMetricFamily("kvgate_queue_length", "Requests waiting for the pool", labels=labels)
         waited = CounterMetricFamily("kvgate_queue_wait_seconds", "Summed waits of admitted requests",
                                      labels=labels)
-        rejected = CounterMetricFamily("kvgate_queue_rejected", "Requests the queue refused",
+        rejected = CounterMetricFamily("kvgate_queue_rejected", "Requests finally refused for the queue or the "
+                                       "context (never one trimmed and served)", labels=[*labels, "reason"])
+        refusals = CounterMetricFamily("kvgate_pool_refusals", "Requests kvgate refused, by reason",
                                        labels=[*labels, "reason"])
-        for key, pool in self._pools().items():
+        known = self._pools()
+        for key, pool in known.items():
             capacity.add_metric(_labels(key), pool.pool_tokens)
-        ledger = self._room.ledger
-        stats = self._room.stats()
-        for key in {*ledger.keys(), *stats}:
-            snapshot = ledger.snapshot(key)
-            active.add_metric(_labels(key), snapshot.active_sequences)
-            reserved.add_metric(_labels(key), snapshot.reserved_tokens)
+        room, ledger = self._room, self._room.ledger
+        stats = room.stats()
+        tally = self._outcomes
+        for key in {*(PoolKey(*k) for k in known), *ledger.keys(), *stats, *tally.keys()}:
+            total, here = room.pool_snapshot(key), ledger.snapshot(key)
+            active.add_metric(_labels(key), total.active_sequences)
+            reserved.add_metric(_labels(key), total.reserved_tokens)
+            active_here.add_metric(_labels(key), here.active_sequences)
+            reserved_here.add_metric(_labels(key), here.reserved_tokens)
+            counts = tally.pool(key).refusals
+            for reason, label in QUEUE_REASONS.items():
+                rejected.add_metric([*_labels(key), label], counts.get(reason, 0))
+            for reason, count in counts.items():
+                refusals.add_metric([*_labels(key), reason], count)
         for key, stat in stats.items():
             queued.add_metric(_labels(key), stat.queued)
             waited.add_metric(_labels(key), stat.waited_s_total)
-            rejected.add_metric([*_labels(key), "queue_full"], stat.queue_full_total)
-            rejected.add_metric([*_labels(key), "queue_timeout"], stat.timed_out_total)
-            rejected.add_metric([*_labels(key), "context"], stat.rejected_total)
-        yield from (active, reserved, capacity, queued, waited, rejected)
+        yield from (active, reserved, active_here, reserved_here, capacity, queued, waited, rejected, refusals)
 
 
 class _SummaryCollector(Collector):
@@ -109,10 +136,13 @@ class _SummaryCollector(Collector):
             ("kvgate_summary_cache_hits", "Summaries reused from the cache", cache.hits),
             ("kvgate_summary_cache_misses", "Summary cache lookups that found none", cache.misses),
             ("kvgate_summary_calls", "Summaries asked of the summary model", summarizer.calls),
-            ("kvgate_summary_failures", "Summary calls that failed (the request was trimmed or refused)",
-             summarizer.failures),
         ):
             yield CounterMetricFamily(name, doc, value=value)
+        failures = CounterMetricFamily("kvgate_summary_failures", "Summaries tried that failed, by reason (the "
+                                       "request was trimmed or refused)", labels=["reason"])
+        for reason in SUMMARY_FAILURES:
+            failures.add_metric([reason], self._summaries.failures.get(reason, 0))
+        yield failures
         yield GaugeMetricFamily("kvgate_summary_cache_entries", "Summaries in the cache", value=len(cache))
 
 
@@ -193,6 +223,7 @@ class Metrics:
                                    ["backend", "model"], registry=self.registry)
         self.truncation_log = TruncationLog()
         self.recent_decisions = DecisionLog()  # the status page's "recent decisions"
+        self.outcomes = OutcomeTally()  # requests by outcome, per pool (the status page's counts since start)
         self.longest_prompts = LongestPrompts()  # per backend and model, for kvgate check --gateway
         self.config_reloads = Counter("kvgate_config_reloads", "Configuration reloads (SIGHUP, POST /kvgate/reload)",
                                       ["outcome"], registry=self.registry)
@@ -204,7 +235,7 @@ class Metrics:
         self.config_reloads.labels(outcome).inc()
 
     def watch_pools(self, room: WaitingRoom, pools: Callable[[], dict[tuple[str, str], PoolSpec]]) -> None:
-        self.registry.register(_PoolCollector(room, pools))
+        self.registry.register(_PoolCollector(room, pools, self.outcomes))
 
     def watch_gpus(self, board: GpuBoard) -> None:
         self.registry.register(_GpuCollector(board))
@@ -240,21 +271,27 @@ def record_truncation(
 def record(
     metrics: Metrics, route: str, status: int, elapsed_s: float, *, backend: str, tenant: str,
     outcome: AdmissionOutcome | None, output_tokens: int | None = None, refusal: str | None = None,
+    pool: PoolKey | None = None, summary_failure: str | None = None,
 ) -> None:
-    """Count one answered request; ``backend`` is the backend's name ("-" when none was chosen), ``outcome`` what
-    admission did (None for a request that went through no admission), ``output_tokens`` what the backend reported,
-    ``refusal`` why kvgate refused it (``tenant_usage.refusal_reason``)."""
+    """Count one answered request, once; ``backend`` is the backend's name ("-" when none was chosen), ``outcome``
+    what admission did (None for a request that went through no admission), ``output_tokens`` what the backend
+    reported, ``refusal`` why kvgate refused it (``tenant_usage.refusal_reason``), ``pool`` the pool it was planned
+    in, ``summary_failure`` the reason of a summary that failed before a refusal. Every count of decisions and
+    refusals (these metrics, the status page's) comes from here (``observability/outcomes.py``)."""
     child = metrics.child
     child(metrics.requests, route, backend, str(status)).inc()
     child(metrics.tenant_requests, tenant, str(status)).inc()
     child(metrics.duration, route).observe(elapsed_s)
     _record_tenant(metrics, tenant, status, outcome, output_tokens, refusal)
+    decisions = request_decisions(outcome, refusal, summary_failure)
+    metrics.outcomes.add(pool if pool is not None else outcome.reserved.pool if outcome and outcome.reserved
+                         else None, decisions, refusal)
+    for decision in decisions:
+        child(metrics.decisions, backend, decision).inc()
     if outcome is None:
         return
     count = outcome.forwarded_count
     child(metrics.prompt_tokens, backend, count.counter, "exact" if count.exact else "estimate").inc(count.tokens)
-    for decision in decision_labels(outcome):
-        child(metrics.decisions, backend, decision).inc()
 
 
 def _record_tenant(
@@ -274,8 +311,3 @@ def _record_tenant(
         child(metrics.tenant_refusals, tenant, refusal).inc()
     metrics.tenant_usage.add(tenant, status, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                              queue_s=queue_s, refusal=refusal)
-
-
-def record_refusal(metrics: Metrics, backend: str) -> None:
-    """Count one request admission refused (``backend``: "-" when it was refused before one was chosen)."""
-    metrics.child(metrics.decisions, backend, "refused").inc()

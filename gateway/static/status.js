@@ -87,26 +87,57 @@ function gpuCard(gpu) {
   return card;
 }
 
-// --- one KV pool: reserved vs capacity, and the sequences holding it ---
+// --- one KV pool: reserved vs capacity, the sequences holding it, and its requests by outcome ---
+
+// The counts since start, each as <b data-count=NAME>: decisions a request may count in several of, and refusals.
+const COUNTS = [["admitted", "admitted"], ["queued", "after a wait"], ["clamped", "clamped"], ["pinned", "num_ctx pinned"],
+  ["context_lowered", "context lowered"], ["trimmed", "trimmed"], ["summarized", "summarized"],
+  ["summary_failed", "summaries failed"], ["forwarded_without_pool", "forwarded without a pool"], ["refused", "refused"]];
+
+function counts(totals, skipZero) {
+  const parts = [];
+  for (const [name, label] of COUNTS) {
+    const n = totals[name + "_total"] || 0;
+    if (skipZero && !n && name !== "admitted" && name !== "refused") continue;
+    if (parts.length) parts.push(" · ");
+    parts.push(el("b", { data: { count: name } }, tokens(n)), " " + label);
+  }
+  const reasons = Object.entries(totals.refused || {});
+  if (reasons.length) {
+    parts.push(" (", ...reasons.flatMap(([reason, n], i) =>
+      [i ? ", " : "", reason + " ", el("b", { data: { refused: reason } }, tokens(n))]), ")");
+  }
+  return parts;
+}
 
 function poolCard(pool) {
   const card = el("div", { class: "card pool", data: { backend: pool.backend, model: pool.model } });
-  const layout = pool.kind === null ? "layout unknown"
-    : pool.kind + " · " + pool.slots + " × " + tokens(pool.slot_context_tokens) + " tokens";
-  card.append(el("h3", {}, pool.backend + " / " + pool.model + " ", el("span", { class: "muted" }, "· " + layout)));
+  const layout = pool.kind === null ? "layout unknown" : pool.kind + " · " + pool.layout;
+  const shared = pool.scope === "shared";
+  card.append(el("h3", {}, pool.backend + " / " + pool.model + " ",
+    el("span", { class: "muted", data: { field: "layout" } }, "· " + layout + (shared ? " · shared ledger" : ""))));
   const capacity = pool.capacity_tokens || 0;
   const reserved = pool.reserved_tokens;
+  const others = pool.other_replicas || { reserved_tokens: 0, active_sequences: 0, queued: 0 };
   const sequences = pool.sequences || [];
   const segments = sequences.map((s) => ({ kind: "seq", label: "#" + s.id + " " + s.tenant, bytes: s.tokens,
                                            text: tokens(s.tokens) + " tokens" }));
+  if (others.reserved_tokens > 0) {
+    segments.push({ kind: "others", label: "other replicas (" + others.active_sequences + " sequences)",
+                    bytes: others.reserved_tokens, text: tokens(others.reserved_tokens) + " tokens" });
+  }
   segments.push({ kind: "free", label: "free", bytes: Math.max(0, capacity - reserved),
                   text: tokens(Math.max(0, capacity - reserved)) + " tokens" });
   card.append(stackedBar(segments, Math.max(capacity, reserved), "KV pool of " + pool.model));
+  const here = shared ? [" (", el("b", { data: { field: "reserved-here" } }, tokens(pool.local.reserved_tokens)),
+    " by this replica, ", el("b", { data: { field: "reserved-others" } }, tokens(others.reserved_tokens)),
+    " by the others)"] : [];
   card.append(el("p", { class: "summary" },
     el("b", { data: { field: "active" } }, String(pool.active_sequences)), " active sequences · ",
     el("b", { data: { field: "reserved" } }, tokens(reserved)), " of " + tokens(pool.capacity_tokens) +
-    " tokens reserved · " + pool.queued + " queued · " + tokens(pool.admitted_total) + " admitted, " +
-    tokens(pool.refused_total) + " refused since start"));
+    " tokens reserved", ...here, " · " + pool.queued + " queued" +
+    (others.queued ? " here, " + others.queued + " on other replicas" : "")));
+  card.append(el("p", { class: "counts", data: { field: "counts" } }, "since start: ", ...counts(pool, true)));
   if (pool.slots_source) {  // where the slot count came from: configured, inferred from /api/ps, /props, assumed
     card.append(el("p", { class: "note", data: { field: "slots-source" } },
       "slots " + pool.slots_source.source + ": " + pool.slots_source.detail));
@@ -121,7 +152,8 @@ function poolCard(pool) {
         el("th", { class: "num" }, "sequences"), el("th", { class: "num" }, "of pool"))),
       el("tbody", {}, ...rows)));
   } else {
-    card.append(el("p", { class: "empty" }, "no active sequences"));
+    card.append(el("p", { class: "empty" }, shared && others.active_sequences ? "no active sequences on this replica"
+      : "no active sequences"));
   }
   return card;
 }
@@ -174,6 +206,7 @@ function render(status) {
   $("pools").replaceChildren(...(pools.length ? pools.map(poolCard) : [el("p", { class: "empty" }, "no KV pool yet")]));
   fill($("queue").tBodies[0], queueRows(pools), 7, "nobody waits");
   fill($("decisions").tBodies[0], (status.recent || []).map(decisionRow), 8, "no decisions yet");
+  $("outcomes").replaceChildren("Requests since start: ", ...counts(status.outcomes || {}, false));
   fill($("backends").tBodies[0], (status.backends || []).map((b) => el("tr", {},
     el("td", {}, b.name), el("td", {}, b.kind), el("td", {}, b.url), el("td", {}, b.models.join(", ")),
     routingCell(b.routing),

@@ -20,7 +20,7 @@ from gateway.admission.outcome import (
 )
 from gateway.app import METRICS, create_app, start_server
 from gateway.config import load_settings
-from gateway.observability.metrics import Metrics, record, record_refusal
+from gateway.observability.metrics import Metrics, record
 from gateway.tokens import TokenCount
 from tests.support.fake_backend import FakeLLM, running
 
@@ -72,10 +72,10 @@ def test_response_headers_are_rendered_in_order(outcome: AdmissionOutcome, heade
     [
         (PLAIN, AdmissionDecision.ADMITTED, ("admitted",)),
         (WAITED, AdmissionDecision.ADMITTED_AFTER_WAIT, ("admitted", "queued")),
-        (REWRITTEN, AdmissionDecision.ADMITTED, ("admitted", "rewritten")),
+        (REWRITTEN, AdmissionDecision.ADMITTED, ("admitted", "rewritten", "clamped", "pinned")),
         (TRIMMED, AdmissionDecision.ADMITTED, ("admitted", "trimmed")),
-        (TENANT_CAP, AdmissionDecision.FORWARDED_WITHOUT_POOL, ("rewritten",)),
-        (UNPOOLED, AdmissionDecision.FORWARDED_WITHOUT_POOL, ()),
+        (TENANT_CAP, AdmissionDecision.FORWARDED_WITHOUT_POOL, ("forwarded_without_pool", "rewritten", "clamped")),
+        (UNPOOLED, AdmissionDecision.FORWARDED_WITHOUT_POOL, ("forwarded_without_pool",)),
     ],
 )
 def test_decisions_and_their_metric_labels(
@@ -98,16 +98,21 @@ def test_metrics_are_recorded_from_the_outcome() -> None:
     for outcome in (WAITED, TRIMMED, TENANT_CAP):
         record(metrics, "/api/chat", 200, 0.1, backend="b", tenant="t", outcome=outcome)
     record(metrics, "/api/tags", 200, 0.1, backend="-", tenant="t", outcome=None)
-    record_refusal(metrics, "b")
+    record(metrics, "/api/chat", 503, 0.1, backend="b", tenant="t", outcome=None, refusal="queue_full", pool=POOL)
+    record(metrics, "/api/chat", 499, 0.1, backend="b", tenant="t", outcome=None)  # the client left: no refusal
     value = metrics.registry.get_sample_value
     assert value("kvgate_decisions_total", {"backend": "b", "decision": "admitted"}) == 2
     assert value("kvgate_decisions_total", {"backend": "b", "decision": "queued"}) == 1
     assert value("kvgate_decisions_total", {"backend": "b", "decision": "trimmed"}) == 1
     assert value("kvgate_decisions_total", {"backend": "b", "decision": "rewritten"}) == 1
+    assert value("kvgate_decisions_total", {"backend": "b", "decision": "clamped"}) == 1
+    assert value("kvgate_decisions_total", {"backend": "b", "decision": "forwarded_without_pool"}) == 1
     assert value("kvgate_decisions_total", {"backend": "b", "decision": "refused"}) == 1
     assert value("kvgate_prompt_tokens_total", {"backend": "b", "counter": "gguf", "exact": "exact"}) == 120 + 2100
     assert value("kvgate_prompt_tokens_total", {"backend": "b", "counter": "estimate", "exact": "estimate"}) == 300
     assert value("kvgate_requests_total", {"route": "/api/chat", "backend": "b", "status": "200"}) == 3
+    assert metrics.outcomes.pool(POOL).to_json()["refused"] == {"queue_full": 1}
+    assert metrics.outcomes.total.to_json()["admitted_total"] == 2
     assert value("kvgate_requests_total", {"route": "/api/tags", "backend": "-", "status": "200"}) == 1
 
 

@@ -69,7 +69,7 @@ async def test_a_rejection_is_raised_without_queueing() -> None:
         await admit(room, ONE_SLOT, cost(9214))
     assert (caught.value.status, caught.value.code) == (400, "context_length_exceeded")
     assert room.queue_length(ONE_SLOT.key) == 0
-    assert room.stats()[ONE_SLOT.key].rejected_total == 1
+    assert room.stats()[ONE_SLOT.key].plan_rejections_total == 1
 
 
 async def test_waiters_are_served_first_come_first_served() -> None:

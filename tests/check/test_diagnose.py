@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.admission import PoolSpec
 from gateway.check.backend_log import parse_backend_log
 from gateway.check.diagnose import cache_findings, host_findings
 from gateway.check.diagnose_context import pool_findings
 from gateway.check.fixes import Finding, Severity
 from gateway.check.readings import BackendReadings, BackendSettingsSeen, HostReadings, Known, unknown
 from gateway.check.render import exit_code
+from gateway.domain import BackendKind
 from gateway.memory.host_ram import HostRam
 from gateway.memory.sources.llamacpp import ServerProps
+from gateway.observability.pool_layout import pool_label
 
 GIB = 1 << 30
 LLAMA_LOG = """\
@@ -86,3 +89,25 @@ def test_quantized_v_without_flash_attention_is_critical() -> None:
 ])
 def test_exit_code(severities: tuple[Severity, ...], code: int) -> None:
     assert exit_code([Finding("x", s, "x") for s in severities]) == code
+
+
+@pytest.mark.parametrize(("unified", "slots", "said"), [
+    (Known(True, "log"), 1, "KV pool unified: 16,384 cells shared by 1 slot"),
+    (Known(False, "log"), 4, "KV pool split: 4 slots x 16,384 tokens"),
+    (Known(None, "unknown"), 4, "KV pool unknown: 4 slots of 16,384 tokens, layout unknown"),
+])
+def test_the_pool_is_named_as_what_it_is(unified: Known[bool], slots: int, said: str) -> None:
+    """A unified pool's slots share its cells: never '4 x 16,384 tokens' (the status page says the same)."""
+    findings = pool_findings(_llama(unified, slots=slots), unknown())
+    assert findings[0].what == said or findings[0].what.startswith(said), findings[0].what
+
+
+@pytest.mark.parametrize(("spec", "label"), [
+    (PoolSpec.unified_pool("b", "m", pool_tokens=2048, slots=4), "2,048 cells shared by 4 slots"),
+    (PoolSpec.unified_pool("b", "m", pool_tokens=16384, slots=4, slot_ctx_tokens=4096),
+     "16,384 cells shared by 4 slots, at most 4,096 per sequence"),
+    (PoolSpec.split_pool("b", "m", BackendKind.OLLAMA, slot_ctx_tokens=8192, slots=2), "2 slots x 8,192 tokens"),
+    (PoolSpec.split_pool("b", "m", BackendKind.OLLAMA, slot_ctx_tokens=8192, slots=1), "1 slot x 8,192 tokens"),
+])
+def test_status_pool_labels(spec: PoolSpec, label: str) -> None:
+    assert pool_label(spec) == label

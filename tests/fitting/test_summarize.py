@@ -250,9 +250,10 @@ async def test_reuse_takes_the_largest_cached_summary_that_fits() -> None:
 
 async def test_a_failing_summarizer_raises_summary_failed_naming_the_error() -> None:
     cache = SummaryCache(8)
-    with pytest.raises(SummaryFailed, match="the summarizer failed: RuntimeError: backend down"):
+    with pytest.raises(SummaryFailed, match="the summarizer failed: RuntimeError: backend down") as caught:
         await _summarize(_chat("u a u"), cache, FakeSummarizer(error=RuntimeError("backend down")))
     assert len(cache) == 0, "nothing cached from a failed call"
+    assert caught.value.reason == "error"
 
 
 async def test_an_empty_summary_is_a_failure() -> None:
@@ -269,11 +270,13 @@ async def test_an_empty_summary_is_a_failure() -> None:
 
 async def test_a_summary_too_long_raises_and_is_not_paid_for_twice() -> None:
     messages, cache, summarizer = _chat("s u a u a u"), SummaryCache(8), FakeSummarizer(words=500)
-    with pytest.raises(SummaryFailed, match=r"the summary of the 4 oldest messages does not fit: 5\d\d tokens > 100"):
+    with pytest.raises(SummaryFailed, match=r"the summary of the 4 oldest messages does not fit: 5\d\d tokens > 100") \
+            as made:
         await _summarize(messages, cache, summarizer, target_tokens=100)
-    with pytest.raises(SummaryFailed, match="the cached summary of the 4 oldest messages does not fit"):
+    with pytest.raises(SummaryFailed, match="the cached summary of the 4 oldest messages does not fit") as cached:
         await _summarize(messages, cache, summarizer, target_tokens=100)
     assert len(summarizer.calls) == 1
+    assert made.value.reason == cached.value.reason == "no_fit"  # counted, though the second made no call
 
 
 async def test_kept_turns_too_long_for_the_target_raise() -> None:
@@ -324,3 +327,28 @@ async def test_without_a_previous_summary_every_replaced_message_is_summarized()
     messages, summarizer = _chat("s u a u a u a u"), FakeSummarizer()
     result = await _summarize(messages, SummaryCache(8), summarizer, keep_newest_turns=1)
     assert result is not None and summarizer.calls == [messages[1:7]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# (f) every failure is counted, by reason, by the one object the admission step asks (Summaries)
+
+async def test_summaries_count_every_failure_by_reason_called_or_not() -> None:
+    """A summary model kvgate can't reach (error, after a call), a chat with no turn to spare (no_fit, without a
+    call): both are counted, so kvgate_summary_failures_total moves whenever a summary falls back."""
+    import aiohttp
+
+    from gateway.domain import Dialect
+    from gateway.fitting.policy import FitPolicy
+    from gateway.fitting.summaries import Summaries
+    from gateway.fitting.summarizer import InternalCalls, Summarizer
+
+    policy = FitPolicy(remedies=("summarize", "trim"), keep_newest_turns=1, summary_model="m", summary_backend=None,
+                       summary_instructions="Summarize.", summary_max_tokens=16, summary_timeout_s=1.0)
+    async with aiohttp.ClientSession() as session:
+        summaries = Summaries(Summarizer(session, InternalCalls()), cache_entries=8)  # not listening: no url
+        with pytest.raises(SummaryFailed, match="not listening") as unreachable:
+            await summaries.fit(_chat("u a u a u"), Dialect.OPENAI, policy, target_tokens=10, count=count)
+        with pytest.raises(SummaryFailed, match="no turn may be summarized") as nothing:
+            await summaries.fit(_chat("s u"), Dialect.OPENAI, policy, target_tokens=1, count=count)
+    assert (unreachable.value.reason, nothing.value.reason) == ("error", "no_fit")
+    assert summaries.failures == {"error": 1, "no_fit": 1} and summaries.summarizer.calls == 1

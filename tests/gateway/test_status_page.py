@@ -152,6 +152,13 @@ READ_PAGE = """(() => {
     segments: [...bar.children].map((s) => ({kind: s.dataset.kind, bytes: Number(s.dataset.bytes),
                                             width: s.getBoundingClientRect().width})),
     legend: [...document.querySelectorAll(".gpu .legend li")].map((li) => li.textContent),
+    layout: pool.querySelector("[data-field=layout]").textContent,
+    counts: Object.fromEntries([...pool.querySelectorAll("[data-field=counts] [data-count]")]
+      .map((b) => [b.dataset.count, b.textContent])),
+    refusedBy: Object.fromEntries([...pool.querySelectorAll("[data-field=counts] [data-refused]")]
+      .map((b) => [b.dataset.refused, b.textContent])),
+    totals: Object.fromEntries([...document.querySelectorAll("#outcomes [data-count]")]
+      .map((b) => [b.dataset.count, b.textContent])),
     active: pool.querySelector("[data-field=active]").textContent,
     reserved: pool.querySelector("[data-field=reserved]").textContent,
     sequences: [...pool.querySelectorAll("table.sequences tbody tr")].map(texts),
@@ -200,6 +207,7 @@ async def test_the_page_shows_the_simulator_under_load_in_chromium() -> None:
             _check_gpu(shown, simulated, _simulated_kv_bytes(config))
             _check_pool(shown, status, slots)
             _check_queue_and_decisions(shown, status, refusals)
+            _check_layout_and_counts(shown, status)
     finally:
         await runner.cleanup()
 
@@ -252,6 +260,23 @@ def _check_pool(shown: dict[str, Any], status: dict[str, Any], slots: list[dict[
     assert len(busy) == 2  # each reservation is the simulator's prompt plus the output it may still generate
     assert sorted(s["tokens"] for s in pool["sequences"]) == sorted(
         slot["n_prompt_tokens_processed"] + slot["params"]["n_predict"] for slot in busy)
+
+
+def _check_layout_and_counts(shown: dict[str, Any], status: dict[str, Any]) -> None:
+    """The pool named as what it is (one unified pool of 16,384 cells, not 4 x 16,384 tokens), and its requests by
+    outcome as the status counts them: the clamped chat admitted, the two refusals by reason; the held and queued
+    requests are counted when they end."""
+    [pool] = status["pools"]
+    print(f"layout: {shown['layout']!r}; counts: {shown['counts']}; refused: {shown['refusedBy']}; "
+          f"totals: {shown['totals']}")
+    assert pool["layout"] == "16,384 cells shared by 4 slots" and shown["layout"] == f"· unified · {pool['layout']}"
+    assert (pool["admitted_total"], pool["clamped_total"], pool["refused_total"]) == (1, 1, 2)
+    assert pool["refused"] == {"max_prompt_tokens": 1, "queue_full": 1}
+    assert shown["counts"] == {"admitted": "1", "clamped": "1", "refused": "2"}  # zero counts are left out
+    assert shown["refusedBy"] == {"max_prompt_tokens": "1", "queue_full": "1"}
+    assert shown["totals"] == {name.removesuffix("_total"): f"{value:,}" for name, value in status["outcomes"].items()
+                               if name.endswith("_total") and name != "rewritten_total"}  # shown as its two kinds
+    assert shown["totals"]["refused"] == "2" and shown["totals"]["trimmed"] == "0"
 
 
 def _check_queue_and_decisions(shown: dict[str, Any], status: dict[str, Any], refusals: list[tuple[int, str]]

@@ -56,11 +56,16 @@ async def post(url: str, path: str, body: dict[str, Any], headers: dict[str, str
         return response.status, dict(response.headers), await response.read()
 
 
-async def metric(url: str, name: str) -> float:
+async def metric(url: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels``."""
     async with aiohttp.ClientSession() as http, http.get(f"{url}/kvgate/metrics") as response:
         text = await response.text()
-    found = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
+    total = 0.0
+    for found in re.finditer(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? ([0-9.e+-]+)$", text, re.MULTILINE):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1) or ""))
+        if all(have.get(key) == value for key, value in labels.items()):
+            total += float(found.group(2))
+    return total
 
 
 async def test_a_growing_conversation_is_summarized_once_per_crossing_and_the_summary_reused() -> None:
@@ -112,6 +117,8 @@ async def test_a_failed_summary_falls_back_to_a_trim_that_says_why(path: str, st
         trimmed = headers["X-Kvgate-Trimmed"]
         assert trimmed.startswith("dropped the ") and "summary failed: the summary model 'no-such-model:1b'" in trimmed
         assert await metric(url, "kvgate_summary_failures_total") == 1
+        assert await metric(url, "kvgate_summary_failures_total", reason="error") == 1  # a 404: no such model
+        assert await metric(url, "kvgate_decisions_total", decision="summary_failed") == 1
 
 
 async def test_strict_tenants_are_refused_and_others_summarized() -> None:

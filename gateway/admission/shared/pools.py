@@ -130,6 +130,19 @@ class SharedPools:
             self._named[self.store.pool_name(pool.key)] = pool.key
         self._pools[pool.key] = pool
 
+    async def watch(self, pools: Iterable[PoolSpec], *, timeout_s: float) -> None:
+        """Follow these pools' totals from now on (announcements, renewals), reading those never read yet at once
+        (within ``timeout_s``): the status of a replica that has not admitted into a pool still shows what the other
+        replicas hold in it."""
+        unseen = []
+        for pool in pools:
+            self.know(pool)
+            if pool.key not in self._announced:
+                unseen.append(pool.key)
+        if unseen and self.up:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.refresh(unseen, touch=False), timeout=timeout_s)
+
     # --- commits and releases ---------------------------------------------------------------------------------------
 
     async def commit(self, reservation: Reservation, limits: Limits, *, waiter: int | None = None,
