@@ -280,9 +280,9 @@ def status_html(status: dict[str, Any]) -> str:
     def cells(values: list[Any], tag: str = "td") -> str:
         return "".join(f"<{tag}>{html.escape(safe_text(str(v)))}</{tag}>" for v in values)
 
-    pool_columns = ["backend", "model", "layout", "slots_source", "capacity_tokens", "active_sequences", "reserved_tokens", "queued",
-                    "oldest_wait_s", "admitted_total", "queued_total", "clamped_total", "pinned_total",
-                    "trimmed_total", "summarized_total", "summary_failed_total", "refused_total"]
+    pool_columns = ["backend", "model", "layout", "slots_source", "capacity_tokens", "active_sequences",
+                    "reserved_tokens", "queued", "oldest_wait_s", "admitted_total", "queued_total", "clamped_total",
+                    "pinned_total", "trimmed_total", "summarized_total", "summary_failed_total", "refused_total"]
     backend_columns = [[b["name"], b["kind"], b["url"], ", ".join(b["models"]), _out_cell(b.get("routing")),
                         b["last_error"] or "", "; ".join(b["notes"])] for b in status["backends"]]
     backend_rows = "".join(f"<tr>{cells(row)}</tr>" for row in backend_columns)
