@@ -273,7 +273,7 @@ class Proxy:
         model = await self._registry.target_model(backend, parsed.model)
         try:
             pool = await self._admitter.pool_for(backend, model)
-        except BackendNotReady as exc:
+        except (BackendNotReady, BackendUnavailable) as exc:  # BackendDown: refused at once, it is not up
             raise BackendFailed(backend, exc) from None
         if pool is not None and backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
             pool = await self._admitter.pool_at_default(backend, pool)  # /v1 reloads at Ollama's default context
@@ -298,7 +298,8 @@ class Proxy:
                 headers = {**response_headers(admitted.outcome), **route_headers}
                 try:
                     response = await self._forward(request, backend, admitted.body, dialect, request_id, headers,
-                                                   observer, admitted.outcome.forwarded_count)
+                                                   observer, admitted.outcome.forwarded_count,
+                                                   wait_restart=not plan.routed)  # else: the next backend, now
                 except (BackendUnavailable, BackendTimeout) as exc:  # nothing was sent: the client waits on
                     raise BackendFailed(backend, exc) from None
             finally:
@@ -366,6 +367,8 @@ class Proxy:
         headers_out: dict[str, str],
         observer: UsageObserver | None = None,
         forwarded: TokenCount | None = None,
+        *,
+        wait_restart: bool = True,
     ) -> web.StreamResponse:
         """Send the request to ``backend`` and relay its answer; with an ``observer``, the reply's usage is read on
         the way and a reply held whole names a silent truncation of the ``forwarded`` prompt in a header."""
@@ -375,7 +378,8 @@ class Proxy:
             client_ip=request.remote, strip_client_keys=self._live.tenants.enabled,
             body_decoded=isinstance(body, bytes),  # a body kvgate read is forwarded decoded (gateway.body.encoding)
         )
-        upstream = await backend.client.open(request.method, request.raw_path, headers, body)
+        upstream = await backend.client.open(request.method, request.raw_path, headers, body,
+                                             wait_restart=wait_restart)
         try:
             return await relay(
                 request, upstream, dialect=dialect, idle_s=timeouts.idle_s, request_id=request_id,

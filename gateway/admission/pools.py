@@ -18,6 +18,10 @@ Several requests never start several probes of one pool: they share one. A probe
 ``admission.probe_wait_s`` while its requests wait; then they are refused with 503 and Retry-After, never admitted
 without a ledger. A pool probed before keeps its last layout while a refresh fails.
 
+A backend that refuses the connection and has not answered anything within ``probe_wait_s`` is down, not restarting:
+its requests get 502 (``BackendDown``) at once instead of waiting (gateway/backends/liveness.py); one that answered
+within that time is waited for as above (the client itself waits through its restart).
+
 "Could not probe" and "does not fit" are different answers. A backend that is unreachable or answers nonsense
 (``ProbeError``) is retried, then refused with 503, as above. A model that does not fit free VRAM, or whose profile
 can't be derived, is a decision with numbers (:class:`ModelDoesNotFit`, :class:`ContextUnknown`): the pool is planned
@@ -37,11 +41,12 @@ from pathlib import PurePath
 from gateway.admission import PoolSpec
 from gateway.admission.loads import Loaded, LoadGate, Lowered, lowered_of
 from gateway.backends import Backend
+from gateway.backends.client import BackendUnreachable
 from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
 from gateway.config import Settings
 from gateway.domain import BackendKind
-from gateway.errors import BackendNotReady
+from gateway.errors import BackendDown, BackendNotReady
 from gateway.memory.estimate import estimate
 from gateway.memory.kv import CTX_PAD_TOKENS
 from gateway.memory.vram import VramUnavailable
@@ -155,6 +160,7 @@ class PoolDirectory:
     async def _probe_until_ready(self, backend: Backend, pool_id: PoolId) -> PoolSpec:
         deadline = self._clock() + self._settings.admission.probe_wait_s
         pause_s = PROBE_RETRY_FIRST_S
+        first = True
         while True:
             self.probes += 1
             try:
@@ -167,6 +173,10 @@ class PoolDirectory:
                 self._failures[pool_id] = reason
                 if cached is not None:
                     return cached[1]  # the last layout stands while the backend is briefly unreachable
+                down = _down(backend, exc, self._settings.admission.probe_wait_s) if first else None
+                if down is not None:  # refused by a backend not up lately: down, answered at once
+                    raise down from None
+                first = False
                 if self._clock() + pause_s > deadline:
                     raise BackendNotReady(
                         f"kvgate can't learn the KV pool of {_label(backend, pool_id[1])} (tried for "
@@ -377,6 +387,20 @@ class PoolDirectory:
     def known(self) -> dict[tuple[str, str], PoolSpec]:
         """Every pool probed so far, by (backend, model) (for metrics and the status page)."""
         return {pool.key: pool for _, pool in self._cache.values()}
+
+
+def _down(backend: Backend, error: ProbeError, probe_wait_s: float) -> BackendDown | None:
+    """A 502 for a probe whose connection was refused by a backend that has not answered within ``probe_wait_s``
+    (down, not restarting: waiting would only hold the client); None for any other failure."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, BackendUnreachable):
+        cause = cause.__cause__
+    if cause is None or backend.client.liveness.up(probe_wait_s):
+        return None
+    assert isinstance(cause, BackendUnreachable)
+    return BackendDown(f"{cause.message}; {backend.client.liveness.describe()}, so it is down, not restarting: "
+                       f"kvgate answers at once (it waits up to {probe_wait_s:g} s, admission.probe_wait_s, only "
+                       "for a backend that answered within that time); start it, or check its url")
 
 
 def _label(backend: Backend, model: str) -> str:
