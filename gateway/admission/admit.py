@@ -22,14 +22,14 @@ from gateway.admission.pools import PoolDirectory
 from gateway.admission.tenants import Tenant
 from gateway.backends import Backend
 from gateway.config import AdmissionConfig
-from gateway.domain import BackendKind, ParsedRequest
+from gateway.domain import BackendKind, Operation, ParsedRequest
 from gateway.errors import BadRequest
+from gateway.fitting.chat_fit import trim_chat
 from gateway.fitting.head_tail import keep_head_and_tail
 from gateway.fitting.policy import FitPolicy
 from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.fitting.summaries import Summaries
 from gateway.fitting.summarize import SummaryFailed
-from gateway.fitting.trim import trim_history
 from gateway.tokens import TokenCount
 
 Recount = Callable[[ParsedRequest], Awaitable[TokenCount]]
@@ -328,18 +328,19 @@ class Admitter:
     async def _trim(
         self, parsed: ParsedRequest, cost: RequestCost, recount: Recount, target: int, failed: list[str],
     ) -> tuple[ParsedRequest, RequestCost, Trim, None] | None:
-        """Drop the oldest history so the prompt fits (a prompt keeps its head and tail); None when it can't."""
+        """Drop the oldest history so the prompt fits, and cut the middle of a message that alone is too long
+        (fitting/chat_fit.py; a prompt keeps its head and tail); None when it can't."""
         reason = "; ".join(failed) or None
-        if parsed.messages:
-            async def count(messages: list[dict[str, Any]]) -> int:
-                return (await recount(_with_messages(parsed, messages))).tokens
+        if parsed.messages or parsed.operation is Operation.RESPONSES:
+            async def count(body: dict[str, Any]) -> int:
+                return (await recount(_with_body(parsed, body))).tokens
 
-            trimmed = await trim_history(list(parsed.messages), count, target)
+            trimmed = await trim_chat(parsed.operation, parsed.body, count, target)
             if trimmed is None:
                 return None
-            trim = Trim(trimmed.dropped, len(parsed.messages), cost.prompt_tokens, trimmed.prompt_tokens,
-                        reason=reason)
-            changed = _with_messages(parsed, trimmed.messages)
+            trim = Trim(trimmed.dropped, trimmed.of_messages, cost.prompt_tokens, trimmed.prompt_tokens,
+                        reason=reason, text=None if trimmed.cut is None else trimmed.describe(cost.prompt_tokens))
+            changed = _with_body(parsed, trimmed.body)
             return changed, replace(cost, prompt_tokens=trimmed.prompt_tokens), trim, None
         prompt = parsed.body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
@@ -375,7 +376,11 @@ def _cuts_silently(pool: PoolSpec) -> bool:
 
 
 def _with_messages(parsed: ParsedRequest, messages: list[dict[str, Any]]) -> ParsedRequest:
-    return dialects.parse(parsed.dialect, parsed.operation, {**parsed.body, "messages": messages}, "")
+    return _with_body(parsed, {**parsed.body, "messages": messages})
+
+
+def _with_body(parsed: ParsedRequest, body: dict[str, Any]) -> ParsedRequest:
+    return dialects.parse(parsed.dialect, parsed.operation, body, "")
 
 
 def _with_prompt(parsed: ParsedRequest, prompt: str) -> ParsedRequest:
