@@ -236,6 +236,7 @@ class Admitter:
             waited_s=permit.waited_s, reserved=Reserved(pool.key, admit.reserve_tokens, admit.sequences),
             notes=(*outcome.notes, *self._pools.notes_for(pool), *admit.notes),
             context_lowered=None if lowered is None else (lowered.asked_tokens, lowered.loaded_tokens),
+            offload=self._pools.offload_for(pool),
         )
         return Admitted(forwarded, outcome, permit)
 

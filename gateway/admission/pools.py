@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 from gateway.admission import PoolSpec
+from gateway.admission.load_plan import LoadDecision
 from gateway.admission.loads import Loaded, LoadGate, Lowered, lowered_of
 from gateway.backends import Backend
 from gateway.backends.client import BackendUnreachable
@@ -109,6 +110,8 @@ class PoolDirectory:
         self._probes = probes
         self._loads = loads
         self._lowered: dict[PoolId, Lowered] = {}
+        self._offloaded: dict[PoolId, LoadDecision] = {}
+        """Models kvgate loaded partly on the CPU (residency.when_gpu_full), for X-Kvgate-Offload."""
         if loads is not None:
             loads.on_unload = lambda backend, model: self._stale.add((backend, model))
         self._clock = clock
@@ -275,6 +278,10 @@ class PoolDirectory:
             self._lowered.pop((backend.name, model), None)
         else:
             self._lowered[(backend.name, model)] = lowered
+        if loaded is not None and loaded.decision.offloaded_ram_bytes:
+            self._offloaded[(backend.name, model)] = loaded.decision
+        elif loaded is not None:
+            self._offloaded.pop((backend.name, model), None)
 
     async def before_default_request(self, backend: Backend, pool: PoolSpec) -> PoolSpec:
         """Before a request that runs the model at Ollama's own default context (/v1, no num_ctx): when kvgate loaded
@@ -383,6 +390,21 @@ class PoolDirectory:
         """The context kvgate lowered the pool's model to, to fit GPU memory, while it is loaded that way."""
         lowered = self._lowered.get((pool.backend, pool.model))
         return lowered if lowered is not None and lowered.loaded_tokens == pool.slot_ctx_tokens else None
+
+    def offload_for(self, pool: PoolSpec) -> str | None:
+        """What of the pool's model runs on the CPU, for X-Kvgate-Offload: the layers kvgate let spill, or (a model
+        the backend offloaded by itself) the share the last /api/ps showed; None while it runs on the GPU alone."""
+        if pool.backend_kind is not BackendKind.OLLAMA:
+            return None
+        share = self._probes.on_cpu(pool.backend, pool.model)
+        decision = self._offloaded.get((pool.backend, pool.model))
+        if share is not None and share <= 0:
+            self._offloaded.pop((pool.backend, pool.model), None)  # reloaded on the GPU alone since
+            return None
+        if decision is not None:
+            return (f"{decision.cpu_layers} of {decision.n_layers} layers on the CPU (system RAM "
+                    f"{decision.offloaded_ram_bytes / 2**30:.1f} GiB)")
+        return None if share is None else f"{share:.0%} of the model on the CPU (Ollama's /api/ps)"
 
     def known(self) -> dict[tuple[str, str], PoolSpec]:
         """Every pool probed so far, by (backend, model) (for metrics and the status page)."""

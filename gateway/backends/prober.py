@@ -114,6 +114,15 @@ class OllamaProber(_Prober):
             body["options"] = {"num_ctx": num_ctx}
         await self._call("POST", "/api/generate", body)
 
+    async def version(self) -> str | None:
+        """/api/version's ``version``; None when it can't be read."""
+        try:
+            answer = await self._call("GET", "/api/version")
+        except ProbeError:
+            return None
+        version = answer.get("version") if isinstance(answer, dict) else None
+        return version if isinstance(version, str) and version else None
+
     async def unload(self, model: str) -> None:
         """Ollama's unload request (what `ollama stop` sends): keep_alive 0 and no prompt; the model goes now if idle,
         else once its requests finish."""

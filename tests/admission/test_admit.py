@@ -76,6 +76,9 @@ class FakeProbes:
         self.calls["ps"] += 1
         return OLLAMA_CONTEXT_TOKENS
 
+    def on_cpu(self, backend: str, model: str) -> float | None:
+        return 0.0  # all on the GPU
+
 
 @dataclass
 class Setup:
