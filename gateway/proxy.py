@@ -277,7 +277,7 @@ class Proxy:
             raise BackendFailed(backend, exc) from None
         if pool is not None and backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
             pool = await self._admitter.pool_at_default(backend, pool)  # /v1 reloads at Ollama's default context
-        model = trace.model = pool.model if pool is not None else model
+        model = trace.model = pool.model if pool is not None and pool.model else model  # "": a server's one pool
         claim = self._admitter.claim(backend, pool)  # the model is not unloaded under this request
         try:
             count = trace.count = await self._counter.count(parsed, backend, model)

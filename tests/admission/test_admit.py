@@ -442,6 +442,28 @@ async def test_a_chat_too_long_that_is_not_trimmed_is_refused(on_too_long: str, 
         assert recount.calls == []
 
 
+@pytest.mark.parametrize(("pool", "on_too_long", "trimmed"), [
+    (OLLAMA_POOL, "trim", True),  # Ollama would cut it silently: kvgate's announced trim is the lesser change
+    (OLLAMA_POOL, "reject", False),  # never refused on an estimate: forwarded, Ollama judges
+    (LLAMA_POOL, "trim", False),  # llama-server refuses a prompt too long itself: forwarded unchanged
+], ids=["ollama-trims", "ollama-never-refuses", "llama-server-forwards"])
+async def test_a_chat_that_only_looks_too_long_is_trimmed_only_where_the_backend_would_cut_it_silently(
+    pool: PoolSpec, on_too_long: str, trimmed: bool
+) -> None:
+    s = setup(on_too_long=on_too_long)
+    recount = FakeRecount(per_message, exact=False)  # no counter can do better than an estimate
+    request = openai_chat(messages=HISTORY, max_tokens=100)
+    admitted = await admit(s, request, pool, estimate(TOKENS_PER_MESSAGE * len(HISTORY)), recount=recount)
+    body = forwarded(admitted) if admitted.body is not request[1] else request[0].body
+    if trimmed:
+        assert admitted.outcome.trim is not None and len(body["messages"]) < len(HISTORY)
+    else:
+        assert admitted.outcome.trim is None and body["messages"] == HISTORY
+        assert admitted.outcome.reserved == Reserved(pool.key, SLOT_CTX_TOKENS, 1)  # at most the context
+        assert any("the backend's own count decides" in note for note in admitted.outcome.notes)
+    admitted.release()
+
+
 # --- waiting and releasing ------------------------------------------------------------------------------------------
 
 
