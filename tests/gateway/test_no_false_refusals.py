@@ -106,14 +106,15 @@ async def test_the_tokenize_endpoint_is_probed_once_per_backend() -> None:
 async def test_a_counted_refusal_names_the_model_the_client_asked_for() -> None:
     """A prompt really too long (counted by the server's /tokenize), refused with on_too_long = "reject": kvgate's
     400 names the client's model and the backend, never ''. By default the message is cut instead (trimmed)."""
-    body = {"model": MODEL, "messages": issue_chat(5000)}
+    messages = issue_chat(5000)
+    body = {"model": MODEL, "messages": messages}
     async with running_vllm(FakeVllm()) as vllm, \
             running_gateway([vllm_backend(vllm.url)], admission={"on_too_long": "reject"}) as url:
         status, _, refused = await post(url, "/v1/chat/completions", body)
         assert vllm.bodies("/v1/chat/completions") == []
     message = refused["error"]["message"]
     assert status == 400 and refused["error"]["code"] == "context_length_exceeded"
-    assert f"prompt is {chat_tokens(body['messages']):,} tokens; model '{MODEL}' on backend 'vllm'" in message
+    assert f"prompt is {chat_tokens(list(messages)):,} tokens; model '{MODEL}' on backend 'vllm'" in message
     assert "''" not in message and "estimated" not in message
     async with running_vllm(FakeVllm()) as vllm, running_gateway([vllm_backend(vllm.url)]) as url:
         status, headers, answered = await post(url, "/v1/chat/completions", body)

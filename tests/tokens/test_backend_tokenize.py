@@ -84,7 +84,8 @@ async def test_what_a_probe_learns(name: str, routes: dict[tuple[str, str], Any]
 
     async def counted(request: web.Request) -> web.StreamResponse:
         hits.append(1)
-        return await routes[("POST", "/tokenize")](request)
+        answer: web.StreamResponse = await routes[("POST", "/tokenize")](request)
+        return answer
 
     async with serve({("POST", "/tokenize"): counted}) as url, aiohttp.ClientSession() as session:
         endpoints = TokenizeEndpoints(BackendClient(session, url))
