@@ -315,9 +315,13 @@ class Proxy:
             claim.release()
 
     async def _take_rate(self, tenant: Tenant, count: TokenCount | None) -> None:
-        """The tenant's tokens and requests per minute: 429 with Retry-After when over; 400 for a prompt larger than
-        a whole minute's tokens (waiting would not help)."""
+        """The tenant's tokens and requests per minute: 429 with Retry-After when over; 400 for a counted prompt
+        larger than a whole minute's tokens (waiting would not help). An estimate never refuses: it is charged at
+        most a whole minute's tokens (it may wait for a full bucket)."""
         prompt_tokens = count.tokens if count is not None else 0
+        per_minute = tenant.rate.tokens_per_minute
+        if count is not None and not count.exact and per_minute is not None:
+            prompt_tokens = min(prompt_tokens, per_minute)
         refused = await self._rates.take(tenant.name, tenant.rate, prompt_tokens, time.monotonic())
         if refused is None:
             return

@@ -35,7 +35,8 @@ async def simulator(mode: str) -> AsyncIterator[str]:
     from kvsim.runner import start_sim
     from tests.tokens.vocab_vectors import warm_sim_tokenizers
 
-    config = SimConfig(mode="ollama" if mode == "ollama" else "llama-server", models=(MODEL,), context_length=CONTEXT, ctx_size=CONTEXT, n_parallel=1,
+    config = SimConfig(mode="ollama" if mode == "ollama" else "llama-server", models=(MODEL,),
+                       context_length=CONTEXT, ctx_size=CONTEXT, n_parallel=1,
                        load_s=0.01, time_scale=50.0, min_response_tokens=4, max_response_tokens=8,
                        prompt_tokens_per_s=500_000.0, gen_tokens_per_s=2000.0,
                        tokenizer_cache_dir=warm_sim_tokenizers(MODEL))
