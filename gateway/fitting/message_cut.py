@@ -12,7 +12,8 @@ Its text is its ``content`` string, the text parts of a ``content`` list (``{"ty
 parts wholly inside the omitted middle are left out, and every other part (an image, a tool use) stays in place.
 
 As for a prompt (head_tail.py), the number of characters kept on each side is the largest whose whole chat, marker
-included, counts at most the target, found by bisection; the result is always one that was counted and fits.
+included, counts at most the target (``search.largest_fitting``, never past ``MAX_CHARS_PER_TOKEN`` a target token,
+so a message of megabytes costs a handful of counts of the target's size); the result is one counted and fitting.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.fitting.head_tail import omission_marker
+from gateway.fitting.head_tail import MAX_CHARS_PER_TOKEN, omission_marker
+from gateway.fitting.search import largest_fitting
 
 Message = dict[str, Any]
 CountFn = Callable[[list[Message]], Awaitable[int]]
@@ -125,15 +127,5 @@ async def cut_longest_message(
         changed[index] = with_head_and_tail(messages[index], half_chars)
         return MessageCut(changed, index, role, 2 * half_chars, total - 2 * half_chars, await count(changed))
 
-    best = await keeping(0)
-    if best.prompt_tokens > target_tokens:
-        return None
-    low, high = 0, (total - 1) // 2  # invariant: keeping `low` each side fits, and `best` is that
-    while low < high:
-        middle = (low + high + 1) // 2
-        candidate = await keeping(middle)
-        if candidate.prompt_tokens <= target_tokens:
-            low, best = middle, candidate
-        else:
-            high = middle - 1
-    return best
+    high = min((total - 1) // 2, max(0, target_tokens) * MAX_CHARS_PER_TOKEN)
+    return await largest_fitting(high, keeping, lambda cut: cut.prompt_tokens, target_tokens)
