@@ -16,7 +16,10 @@ Measured on the development box at full scale (before: the same attacks on the c
     5,000 model names: before one counter chain each; now at most 16 unlisted chains; after all: ~310-340 MB
 
 and here, at a quarter of the scale (2 cores): baseline ~110 MB; 4 x 5 MiB chats: peak +45-50 MB; 12 x 7.5 MiB
-bodies: peak +70-90 MB (4 answered 400, 8 refused 503); 400 names: no growth; after each attack: +2-10 MB.
+bodies: peak +70-90 MB (4 answered 400, 8 refused 503); 400 names: no growth; after each attack: +2-10 MB. Since an
+estimate no longer refuses (issue 22: the chats and bodies over exact_count_max_bytes are cut head-and-tail to the
+context, Ollama would cut them silently), measured the same way: chats peak +49 MB, after +10; bodies (4 answered
+200, 8 refused 503) peak +70 MB, after +21.
 
 The stated bound, scaled with the attacks: each attack's peak stays under baseline + RSS_PEAK_BOUND_MB, and RSS returns
 to baseline + RSS_AFTER_BOUND_MB once it is over and kvgate serves ordinary requests again (bursts of small chats: what
@@ -273,14 +276,14 @@ async def test_concurrent_bodies_over_the_held_body_budget_keep_rss_bounded(kvga
             results = await asyncio.gather(*(post(http) for _ in range(BODIES)))
             unstuck.cancel()
         statuses = sorted(status for status, _, _ in results)
-        assert statuses == [400] * fitting + [503] * (BODIES - fitting), [(s, b[:200]) for s, b, _ in results]
+        # the bodies that got room: over exact_count_max_bytes, estimated; Ollama would cut them silently, so they
+        # are cut head-and-tail to the context (announced) and answered
+        assert statuses == [200] * fitting + [503] * (BODIES - fitting), [(s, b[:200]) for s, b, _ in results]
         for status, body, retry_after in results:
-            assert _is_ollama_error(body)
             if status == 503:
+                assert _is_ollama_error(body)
                 assert retry_after is not None and int(retry_after) >= 1
                 assert b"max_held_body_bytes" in body
-            else:
-                assert b"estimated" in body and b"context" in body
     await _after_attack(kvgate, peak, f"{BODIES} x {BODY_BYTES / MiB:g} MiB bodies, answered {statuses}")
 
 
