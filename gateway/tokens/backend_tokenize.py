@@ -9,12 +9,15 @@
 Which one a backend has is probed once per backend (``TokenizeEndpoints``, shared by every model's chain on it): one
 ``POST /tokenize {"prompt": "kvgate"}`` naming no model (vLLM then uses its served model). vLLM answers ``count``;
 llama-server reads only ``content``, so it answers ``{"tokens": []}``; anything else has no such route. A probe that
-fails otherwise (the backend down, a 5xx, a timeout) decides nothing: the next count probes again.
+fails otherwise (the backend down, a 5xx, a timeout) decides nothing: the next count probes again. vLLM's answer
+also says its ``max_model_len``: a configured ``context_tokens`` above it is logged (kvgate would admit prompts the
+server refuses).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
@@ -27,6 +30,7 @@ from gateway.tokens.text import ByteText, decode_text
 NO_ROUTE_STATUSES = frozenset({404, 405, 501})
 """Statuses that mean "no such endpoint here": remembered, and the chain falls back quietly."""
 PROBE_TEXT = "kvgate"
+log = logging.getLogger(__name__)
 
 
 class TokenizeFlavor(StrEnum):
@@ -38,9 +42,15 @@ class TokenizeFlavor(StrEnum):
 class TokenizeEndpoints:
     """Which tokenize endpoint one backend has, probed once (concurrent first counts share the probe)."""
 
-    def __init__(self, client: BackendClient, *, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, client: BackendClient, *, timeout_s: float = 10.0, context_tokens: int | None = None,
+        logger: logging.Logger = log,
+    ) -> None:
         self.client = client
         self.timeout_s = timeout_s
+        self._context_tokens = context_tokens
+        """The backend's configured ``context_tokens``, checked against vLLM's ``max_model_len``."""
+        self._log = logger
         self.flavor: TokenizeFlavor | None = None
         """None until a probe decided."""
         self.max_model_len: int | None = None
@@ -69,6 +79,10 @@ class TokenizeEndpoints:
             self.flavor = TokenizeFlavor.VLLM
             length = reply.get("max_model_len")
             self.max_model_len = length if isinstance(length, int) and length > 0 else None
+            if self.max_model_len is not None and (self._context_tokens or 0) > self.max_model_len:
+                self._log.warning("%s has context_tokens = %d, but the server's max_model_len is %d: kvgate admits "
+                                  "prompts the server refuses; set context_tokens = %d", self.client.label,
+                                  self._context_tokens, self.max_model_len, self.max_model_len)
         elif isinstance(reply.get("tokens"), list):
             self.flavor = TokenizeFlavor.LLAMA_SERVER
         else:

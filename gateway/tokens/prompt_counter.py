@@ -121,7 +121,8 @@ class PromptCounter:
         """What ``backend`` offers to count with (an OpenAI-compatible server's /tokenize), one per backend."""
         found = self._endpoints.get(backend.name)
         if found is None:
-            found = self._endpoints[backend.name] = TokenizeEndpoints(backend.client)
+            found = self._endpoints[backend.name] = TokenizeEndpoints(
+                backend.client, context_tokens=backend.settings.context_tokens)
         return found
 
     async def _server_template(self, backend: Backend) -> str | None:

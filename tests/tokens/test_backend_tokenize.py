@@ -118,3 +118,12 @@ async def test_the_backend_key_travels_and_never_shows_in_a_repr() -> None:
                                          model="m")
         assert (await counter.count_text("x")).tokens == 3
     assert seen == ["Bearer sk-secret"] * 2 and "sk-secret" not in repr(counter)
+
+
+async def test_a_configured_context_past_vllms_max_model_len_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    async with running_vllm(FakeVllm(max_model_len=4096)) as vllm, aiohttp.ClientSession() as session:
+        endpoints = TokenizeEndpoints(BackendClient(session, vllm.url, label="backend 'vllm'"), context_tokens=8192)
+        await BackendTokenizeCounter(endpoints, model=vllm.model).count_text("x")
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert said == ["backend 'vllm' has context_tokens = 8192, but the server's max_model_len is 4096: kvgate admits "
+                    "prompts the server refuses; set context_tokens = 4096"]
