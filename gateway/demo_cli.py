@@ -78,7 +78,7 @@ class KvgateInFront:
         return gate.loads, gate.unloads
 
 
-_kvgate_in_front = KvgateInFront()
+_kvgate_in_front = KvgateInFront(cpu_offload="off")  # the demo's simulator runs with llama.cpp's fit off
 
 
 def multi_model_front(time_scale: float) -> KvgateInFront:
