@@ -134,6 +134,31 @@ def offloaded(
     )
 
 
+class Offloads:
+    """The models kvgate let load partly on the CPU, per (backend, model), for X-Kvgate-Offload."""
+
+    def __init__(self) -> None:
+        self._decisions: dict[tuple[str, str], LoadDecision] = {}
+
+    def after_load(self, backend: str, model: str, decision: LoadDecision) -> None:
+        if decision.offloaded_ram_bytes:
+            self._decisions[(backend, model)] = decision
+        else:
+            self._decisions.pop((backend, model), None)
+
+    def said(self, backend: str, model: str, share: float | None) -> str | None:
+        """The header: the layers kvgate let spill, or the share of the model on the CPU the last /api/ps showed
+        (``share``: one the backend offloaded by itself); None while it runs on the GPU alone."""
+        if share is not None and share <= 0:
+            self._decisions.pop((backend, model), None)  # reloaded on the GPU alone since
+            return None
+        decision = self._decisions.get((backend, model))
+        if decision is not None:
+            return (f"{decision.cpu_layers} of {decision.n_layers} layers on the CPU (system RAM "
+                    f"{decision.offloaded_ram_bytes / 2**30:.1f} GiB)")
+        return None if share is None else f"{share:.0%} of the model on the CPU (Ollama's /api/ps)"
+
+
 def is_local(backend: Backend) -> bool:
     """Whether the backend runs on this host (a loopback address), so its system RAM is the one kvgate reads."""
     host = URL(backend.settings.url).host or ""

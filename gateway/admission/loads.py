@@ -16,11 +16,9 @@ Decisions and loads on one backend are serialised (Ollama itself loads one model
 models that are not loaded never start two loads that together don't fit.
 
 A load refused for lack of GPU memory then meets ``residency.when_gpu_full`` (load_offload.py): by default it runs
-partly on the CPU, as the backend itself would, when the backend does (``cpu_offload``) and runs on this host and
-``/proc/meminfo`` says its system RAM holds the offloaded layers (weights and KV of the layers that don't fit,
-``memory.estimate.offload``) without swapping; one that would swap or wake the OOM killer is refused, saying so.
-``wait`` makes it wait ``load_wait_s`` for GPU memory instead, ``refuse`` answers 503 at once. A load kvgate let
-spill that fails teaches kvgate that the backend does not offload (a warning says to set ``cpu_offload = "off"``).
+partly on the CPU, as the backend would, where it does (``cpu_offload``) and system RAM holds it; ``wait`` waits
+``load_wait_s`` for GPU memory, ``refuse`` answers 503 at once. A spilled load that fails teaches kvgate that the
+backend does not offload (a warning says to set ``cpu_offload = "off"``).
 
 Without a ``vram`` source, on other backend kinds, with ``residency.enabled = false``, or when the model's profile
 can't be had, ``load`` answers None and the caller loads as before.

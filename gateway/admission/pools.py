@@ -18,9 +18,8 @@ Several requests never start several probes of one pool: they share one. A probe
 ``admission.probe_wait_s`` while its requests wait; then they are refused with 503 and Retry-After, never admitted
 without a ledger. A pool probed before keeps its last layout while a refresh fails.
 
-A backend that refuses the connection and has not answered anything within ``probe_wait_s`` is down, not restarting:
-its requests get 502 (``BackendDown``) at once instead of waiting (gateway/backends/liveness.py); one that answered
-within that time is waited for as above (the client itself waits through its restart).
+A backend that refuses connections and answered nothing within ``probe_wait_s`` is down: 502 (``BackendDown``) at
+once, not a wait (gateway/backends/liveness.py); one that answered within that time is waited for, as above.
 
 "Could not probe" and "does not fit" are different answers. A backend that is unreachable or answers nonsense
 (``ProbeError``) is retried, then refused with 503, as above. A model that does not fit free VRAM, or whose profile
@@ -39,15 +38,15 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 from gateway.admission import PoolSpec
-from gateway.admission.load_plan import LoadDecision
+from gateway.admission.load_offload import Offloads
 from gateway.admission.loads import Loaded, LoadGate, Lowered, lowered_of
 from gateway.backends import Backend
-from gateway.backends.client import BackendUnreachable
+from gateway.backends.down import down_error
 from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
 from gateway.config import Settings
 from gateway.domain import BackendKind
-from gateway.errors import BackendDown, BackendNotReady
+from gateway.errors import BackendNotReady
 from gateway.memory.estimate import estimate
 from gateway.memory.kv import CTX_PAD_TOKENS
 from gateway.memory.vram import VramUnavailable
@@ -110,8 +109,7 @@ class PoolDirectory:
         self._probes = probes
         self._loads = loads
         self._lowered: dict[PoolId, Lowered] = {}
-        self._offloaded: dict[PoolId, LoadDecision] = {}
-        """Models kvgate loaded partly on the CPU (residency.when_gpu_full), for X-Kvgate-Offload."""
+        self._offloaded = Offloads()
         if loads is not None:
             loads.on_unload = lambda backend, model: self._stale.add((backend, model))
         self._clock = clock
@@ -163,7 +161,6 @@ class PoolDirectory:
     async def _probe_until_ready(self, backend: Backend, pool_id: PoolId) -> PoolSpec:
         deadline = self._clock() + self._settings.admission.probe_wait_s
         pause_s = PROBE_RETRY_FIRST_S
-        first = True
         while True:
             self.probes += 1
             try:
@@ -176,10 +173,9 @@ class PoolDirectory:
                 self._failures[pool_id] = reason
                 if cached is not None:
                     return cached[1]  # the last layout stands while the backend is briefly unreachable
-                down = _down(backend, exc, self._settings.admission.probe_wait_s) if first else None
-                if down is not None:  # refused by a backend not up lately: down, answered at once
+                down = down_error(backend, exc, self._settings.admission.probe_wait_s)
+                if down is not None and pause_s == PROBE_RETRY_FIRST_S:  # down: answered on its first refusal
                     raise down from None
-                first = False
                 if self._clock() + pause_s > deadline:
                     raise BackendNotReady(
                         f"kvgate can't learn the KV pool of {_label(backend, pool_id[1])} (tried for "
@@ -278,10 +274,8 @@ class PoolDirectory:
             self._lowered.pop((backend.name, model), None)
         else:
             self._lowered[(backend.name, model)] = lowered
-        if loaded is not None and loaded.decision.offloaded_ram_bytes:
-            self._offloaded[(backend.name, model)] = loaded.decision
-        elif loaded is not None:
-            self._offloaded.pop((backend.name, model), None)
+        if loaded is not None:
+            self._offloaded.after_load(backend.name, model, loaded.decision)
 
     async def before_default_request(self, backend: Backend, pool: PoolSpec) -> PoolSpec:
         """Before a request that runs the model at Ollama's own default context (/v1, no num_ctx): when kvgate loaded
@@ -392,37 +386,14 @@ class PoolDirectory:
         return lowered if lowered is not None and lowered.loaded_tokens == pool.slot_ctx_tokens else None
 
     def offload_for(self, pool: PoolSpec) -> str | None:
-        """What of the pool's model runs on the CPU, for X-Kvgate-Offload: the layers kvgate let spill, or (a model
-        the backend offloaded by itself) the share the last /api/ps showed; None while it runs on the GPU alone."""
+        """What of the pool's model runs on the CPU, for X-Kvgate-Offload (load_offload.Offloads)."""
         if pool.backend_kind is not BackendKind.OLLAMA:
             return None
-        share = self._probes.on_cpu(pool.backend, pool.model)
-        decision = self._offloaded.get((pool.backend, pool.model))
-        if share is not None and share <= 0:
-            self._offloaded.pop((pool.backend, pool.model), None)  # reloaded on the GPU alone since
-            return None
-        if decision is not None:
-            return (f"{decision.cpu_layers} of {decision.n_layers} layers on the CPU (system RAM "
-                    f"{decision.offloaded_ram_bytes / 2**30:.1f} GiB)")
-        return None if share is None else f"{share:.0%} of the model on the CPU (Ollama's /api/ps)"
+        return self._offloaded.said(pool.backend, pool.model, self._probes.on_cpu(pool.backend, pool.model))
 
     def known(self) -> dict[tuple[str, str], PoolSpec]:
         """Every pool probed so far, by (backend, model) (for metrics and the status page)."""
         return {pool.key: pool for _, pool in self._cache.values()}
-
-
-def _down(backend: Backend, error: ProbeError, probe_wait_s: float) -> BackendDown | None:
-    """A 502 for a probe whose connection was refused by a backend that has not answered within ``probe_wait_s``
-    (down, not restarting: waiting would only hold the client); None for any other failure."""
-    cause: BaseException | None = error
-    while cause is not None and not isinstance(cause, BackendUnreachable):
-        cause = cause.__cause__
-    if cause is None or backend.client.liveness.up(probe_wait_s):
-        return None
-    assert isinstance(cause, BackendUnreachable)
-    return BackendDown(f"{cause.message}; {backend.client.liveness.describe()}, so it is down, not restarting: "
-                       f"kvgate answers at once (it waits up to {probe_wait_s:g} s, admission.probe_wait_s, only "
-                       "for a backend that answered within that time); start it, or check its url")
 
 
 def _label(backend: Backend, model: str) -> str:
