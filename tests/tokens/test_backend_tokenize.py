@@ -121,6 +121,7 @@ async def test_the_backend_key_travels_and_never_shows_in_a_repr() -> None:
 
 
 async def test_a_configured_context_past_vllms_max_model_len_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="gateway.tokens.backend_tokenize")
     async with running_vllm(FakeVllm(max_model_len=4096)) as vllm, aiohttp.ClientSession() as session:
         endpoints = TokenizeEndpoints(BackendClient(session, vllm.url, label="backend 'vllm'"), context_tokens=8192)
         await BackendTokenizeCounter(endpoints, model=vllm.model).count_text("x")
