@@ -107,6 +107,8 @@ def create_app(
     live.subscribe(warn_if_exposed)  # a reload that drops the last key, on a public address, is as loud as a start
     app[STARTED] = clock()
     warn_if_exposed(settings)
+    for deprecated in settings.residency.deprecations():  # a key an older kvgate wrote, still read
+        log.warning("%s", deprecated)
     app[CONNECTIONS] = Connections(ClientLimits.from_settings(settings.server))  # gateway.serving
     metrics.registry.register(ConnectionCollector(app[CONNECTIONS]))
     app[GPU_REFRESHES] = SingleFlight()

@@ -30,7 +30,8 @@ class AdmissionConfig(_Strict):
     )
     pool_refresh_s: float = Field(default=5.0, gt=0, description="how long a backend's slot layout is reused")
     probe_wait_s: float = Field(
-        default=10.0, gt=0, description="how long requests wait for a backend's KV layout before a 503"
+        default=10.0, gt=0, description="how long requests wait for a backend's KV layout before a 503; a backend "
+        "that refuses connections and answered nothing this long is down: 502 at once (one that did is waited for)"
     )
     default_context_tokens: int = Field(default=4096, ge=256, description="Ollama context when nothing says")
     max_auto_context_tokens: int = Field(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from yarl import URL
@@ -71,6 +72,11 @@ class BackendSettings(_Strict):
     vram_refresh_s: float = Field(default=2.0, gt=0)
     max_loaded_models: int | None = Field(
         default=None, ge=1, description="Ollama: its OLLAMA_MAX_LOADED_MODELS; unset: Ollama's default, 3 per GPU",
+    )
+    cpu_offload: Literal["auto", "on", "off"] = Field(
+        default="auto", description="Ollama: whether it loads a model too big for the GPU partly on the CPU "
+        "(llama.cpp's fit, LLAMA_ARG_FIT); auto: yes for Ollama 0.30+ (fit is on by default) or once /api/ps shows "
+        "a model partly on the CPU, no for older versions or after such a load failed; off: LLAMA_ARG_FIT=off",
     )
 
     @field_validator("cache_type_k", "cache_type_v", mode="before")

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import ByteSize, Field
+from pydantic import ByteSize, Field, model_validator
 
 from gateway.config_base import _Strict
+
+GpuFull = Literal["offload", "wait", "refuse"]
 
 
 class ResidencyConfig(_Strict):
@@ -27,10 +30,41 @@ class ResidencyConfig(_Strict):
     load_wait_s: float = Field(
         default=30.0, gt=0, description="how long a load waits for room (models in use, hysteresis) before a 503",
     )
-    allow_cpu_offload: bool = Field(
-        default=False, description="a model too big for the GPU may load partly on the CPU when the backend runs on "
-        "this host and its system RAM (/proc/meminfo) holds the offloaded layers without swapping",
+    when_gpu_full: GpuFull = Field(
+        default="offload", description="a load that can't fit the GPU even after unloading idle models and "
+        "lowering the context: 'offload' loads it partly on the CPU, as the backend itself would (when it does: "
+        "cpu_offload, and when system RAM holds the offloaded layers without swapping), announced in "
+        "X-Kvgate-Offload; 'wait' waits load_wait_s for GPU memory, then 503; 'refuse' answers 503 at once",
+    )
+    allow_cpu_offload: bool | None = Field(
+        default=None, description="deprecated: use when_gpu_full (true is 'offload', false is 'refuse')",
     )
     meminfo_path: Path = Field(
         default=Path("/proc/meminfo"), description="where system RAM is read (in a container: the host's, mounted)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_key(cls, data: Any) -> Any:
+        """The deprecated ``allow_cpu_offload`` is read as ``when_gpu_full`` (true: 'offload', false: 'refuse')."""
+        if not isinstance(data, dict) or data.get("allow_cpu_offload") is None:
+            return data
+        old = data["allow_cpu_offload"]
+        if not isinstance(old, bool):
+            return data  # the field's own validation names it
+        given = data.get("when_gpu_full")
+        if given is not None and given != _mapped(old):
+            raise ValueError(f"residency.allow_cpu_offload = {str(old).lower()} (deprecated) and residency."
+                             f"when_gpu_full = '{given}' disagree; keep when_gpu_full alone")
+        return {**data, "when_gpu_full": _mapped(old)}
+
+    def deprecations(self) -> list[str]:
+        """What start-up logs about deprecated keys the file still has."""
+        if self.allow_cpu_offload is None:
+            return []
+        return [f"residency.allow_cpu_offload is deprecated: it is read as residency.when_gpu_full = "
+                f"'{_mapped(self.allow_cpu_offload)}'; write that instead"]
+
+
+def _mapped(allow_cpu_offload: bool) -> GpuFull:
+    return "offload" if allow_cpu_offload else "refuse"

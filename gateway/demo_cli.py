@@ -50,8 +50,9 @@ class KvgateInFront:
     simulator (Ollama kind, ``parallel`` slots, the simulator's GPU exporter as its ``vram`` source); ``overrides``
     are more settings (``residency={...}``). ``counts`` reads the running kvgate's own loads and unloads."""
 
-    def __init__(self, *, parallel: int = 2, **overrides: Any) -> None:
+    def __init__(self, *, parallel: int = 2, cpu_offload: str = "auto", **overrides: Any) -> None:
         self._parallel = parallel
+        self._cpu_offload = cpu_offload
         self._overrides = overrides
         self._app: web.Application | None = None
 
@@ -60,7 +61,7 @@ class KvgateInFront:
         from kvsim.gpu.exporter import EXPORTER_PATH
 
         backend = {"name": "sim", "kind": "ollama", "url": sim_url, "parallel": self._parallel,
-                   "vram": sim_url + EXPORTER_PATH}  # fmt: skip
+                   "vram": sim_url + EXPORTER_PATH, "cpu_offload": self._cpu_offload}  # fmt: skip
         app = create_app(load_settings(None, backends=[backend], **self._overrides))
         runner, port = await start_server(app, "127.0.0.1", 0)
         self._app = app
@@ -77,14 +78,15 @@ class KvgateInFront:
         return gate.loads, gate.unloads
 
 
-_kvgate_in_front = KvgateInFront()
+_kvgate_in_front = KvgateInFront(cpu_offload="off")  # the demo's simulator runs with llama.cpp's fit off
 
 
 def multi_model_front(time_scale: float) -> KvgateInFront:
-    """kvgate for the multi-model phase: its residency timings scaled to the simulator's time."""
+    """kvgate for the multi-model phase: its residency timings scaled to the simulator's time; the simulator runs
+    with llama.cpp's fit off there (multi_model.py: a load that does not fit fails), and kvgate is told so."""
     residency = {"min_resident_s": MIN_RESIDENT_SIM_S / time_scale,
                  "load_wait_s": max(LOAD_WAIT_MIN_S, LOAD_WAIT_SIM_S / time_scale)}  # fmt: skip
-    return KvgateInFront(residency=residency)
+    return KvgateInFront(residency=residency, cpu_offload="off")
 
 
 class _Outcome(Protocol):

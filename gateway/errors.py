@@ -14,6 +14,7 @@
     ├── RateLimited              429  a tenant over its tokens or requests per minute (with Retry-After)
     ├── LoadRefused              503  a model load would overrun GPU memory and waiting won't help (Retry-After)
     ├── BackendUnavailable       502  the backend refused the connection or broke it before answering
+    │   └── BackendDown          502  it refuses connections and has not answered lately: answered at once
     ├── BackendTimeout           504  the backend did not answer (or stalled) within a configured timeout
     └── InternalError            500  a bug in kvgate; logged with a traceback, rendered without one
 
@@ -134,6 +135,11 @@ class BackendUnavailable(GatewayError):
 
     status = 502
     code = "backend_unavailable"
+
+
+class BackendDown(BackendUnavailable):
+    """Raised when a backend refuses connections and has not answered within ``admission.probe_wait_s``: it is down,
+    so the request is answered at once instead of waiting for it (gateway/backends/liveness.py)."""
 
 
 class BackendTimeout(GatewayError):

@@ -280,11 +280,11 @@ class Proxy:
         model = await self._registry.target_model(backend, parsed.model)
         try:
             pool = await self._admitter.pool_for(backend, model)
-        except BackendNotReady as exc:
+        except (BackendNotReady, BackendUnavailable) as exc:  # BackendDown: refused at once, it is not up
             raise BackendFailed(backend, exc) from None
         if pool is not None and backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
             pool = await self._admitter.pool_at_default(backend, pool)  # /v1 reloads at Ollama's default context
-        model = trace.model = pool.model if pool is not None else model
+        model = trace.model = pool.model if pool is not None and pool.model else model  # "": a server's one pool
         trace.pool = pool.key if pool is not None else None
         claim = self._admitter.claim(backend, pool)  # the model is not unloaded under this request
         try:
@@ -309,7 +309,8 @@ class Proxy:
                                                                 enabled=fit.notice)
                 try:
                     response = await self._forward(request, backend, admitted.body, dialect, request_id, headers,
-                                                   observer, admitted.outcome.forwarded_count, notice)
+                                                   observer, admitted.outcome.forwarded_count, notice,
+                                                   wait_restart=not plan.routed)  # else: the next backend, now
                 except (BackendUnavailable, BackendTimeout) as exc:  # nothing was sent: the client waits on
                     raise BackendFailed(backend, exc) from None
             finally:
@@ -325,9 +326,13 @@ class Proxy:
             claim.release()
 
     async def _take_rate(self, tenant: Tenant, count: TokenCount | None) -> None:
-        """The tenant's tokens and requests per minute: 429 with Retry-After when over; 400 for a prompt larger than
-        a whole minute's tokens (waiting would not help)."""
+        """The tenant's tokens and requests per minute: 429 with Retry-After when over; 400 for a counted prompt
+        larger than a whole minute's tokens (waiting would not help). An estimate never refuses: it is charged at
+        most a whole minute's tokens (it may wait for a full bucket)."""
         prompt_tokens = count.tokens if count is not None else 0
+        per_minute = tenant.rate.tokens_per_minute
+        if count is not None and not count.exact and per_minute is not None:
+            prompt_tokens = min(prompt_tokens, per_minute)
         refused = await self._rates.take(tenant.name, tenant.rate, prompt_tokens, time.monotonic())
         if refused is None:
             return
@@ -378,6 +383,8 @@ class Proxy:
         observer: UsageObserver | None = None,
         forwarded: TokenCount | None = None,
         notice: Notice | None = None,
+        *,
+        wait_restart: bool = True,
     ) -> web.StreamResponse:
         """Send the request to ``backend`` and relay its answer; with an ``observer``, the reply's usage is read on
         the way and a reply held whole names a silent truncation of the ``forwarded`` prompt in a header. A
@@ -390,7 +397,8 @@ class Proxy:
         )
         if notice is not None:
             headers["Accept-Encoding"] = "identity"  # the reply is rewritten: kvgate must read it
-        upstream = await backend.client.open(request.method, request.raw_path, headers, body)
+        upstream = await backend.client.open(request.method, request.raw_path, headers, body,
+                                             wait_restart=wait_restart)
         try:
             return await relay(
                 request, upstream, dialect=dialect, idle_s=timeouts.idle_s, request_id=request_id,

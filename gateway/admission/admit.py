@@ -22,14 +22,14 @@ from gateway.admission.pools import PoolDirectory
 from gateway.admission.tenants import Tenant
 from gateway.backends import Backend
 from gateway.config import AdmissionConfig
-from gateway.domain import ParsedRequest
+from gateway.domain import BackendKind, Operation, ParsedRequest
 from gateway.errors import BadRequest
+from gateway.fitting.chat_fit import trim_chat
 from gateway.fitting.head_tail import keep_head_and_tail
 from gateway.fitting.policy import FitPolicy
 from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.fitting.summaries import Summaries
 from gateway.fitting.summarize import SummaryFailed
-from gateway.fitting.trim import trim_history
 from gateway.tokens import TokenCount
 
 Recount = Callable[[ParsedRequest], Awaitable[TokenCount]]
@@ -82,11 +82,17 @@ def _tenant_capped(parsed: ParsedRequest, raw: bytes, cap: int | None, outcome: 
     return Admitted(encode_body(body), replace(outcome, rewrites=tuple(changes)))
 
 
-def _check_prompt_cap(tenant: Tenant, count: TokenCount) -> None:
+def _check_prompt_cap(tenant: Tenant, count: TokenCount) -> str | None:
+    """400 for a counted prompt over the tenant's cap; an estimate over it is never refused (the real count was
+    asked for and is not to be had): a note says so."""
     cap = tenant.max_prompt_tokens
-    if cap is not None and count.tokens > cap:
-        raise BadRequest(f"prompt is {count.tokens:,} tokens; tenant '{tenant.name}' allows {cap:,}; shorten it or "
-                         "ask for a larger cap")
+    if cap is None or count.tokens <= cap:
+        return None
+    if not count.exact:
+        return (f"prompt estimated at about {count.tokens:,} tokens, over tenant '{tenant.name}''s max_prompt_tokens "
+                f"of {cap:,}; not refused on an estimate (no exact count to be had)")
+    raise BadRequest(f"prompt is {count.tokens:,} tokens; tenant '{tenant.name}' allows {cap:,}; shorten it or "
+                     "ask for a larger cap")
 
 
 def _output_cap(parsed: ParsedRequest, tenant: Tenant) -> tuple[int | None, bool]:
@@ -192,7 +198,9 @@ class Admitter:
         if cap is not None and count.tokens > cap and not count.exact:
             count = await recount(parsed)
             outcome = replace(outcome, recount=count)
-        _check_prompt_cap(tenant, count)
+        cap_note = _check_prompt_cap(tenant, count)
+        if cap_note is not None:
+            outcome = replace(outcome, notes=(cap_note,))
         limit, capped = _output_cap(parsed, tenant)
         if pool is None:
             return _tenant_capped(parsed, raw, limit if capped else None, outcome)
@@ -235,8 +243,9 @@ class Admitter:
             outcome, recount=fitted.recount or outcome.recount, rewrites=tuple(changes), trim=fitted.trim,
             summary=fitted.summary,
             waited_s=permit.waited_s, reserved=Reserved(pool.key, admit.reserve_tokens, admit.sequences),
-            notes=(*self._pools.notes_for(pool), *admit.notes),
+            notes=(*outcome.notes, *self._pools.notes_for(pool), *admit.notes),
             context_lowered=None if lowered is None else (lowered.asked_tokens, lowered.loaded_tokens),
+            offload=self._pools.offload_for(pool),
         )
         return Admitted(forwarded, outcome, permit)
 
@@ -245,8 +254,14 @@ class Admitter:
         is_disconnected: Callable[[], bool], recount: Recount, fit: FitPolicy,
     ) -> _Fitted:
         """A permit for the request as it is, or once really counted, or changed by the first of ``fit``'s remedies
-        that makes it fit; the request and cost it was granted for. A prompt too long for the context is refused
-        only after all of them."""
+        that makes it fit; the request and cost it was granted for. A counted prompt too long for the context is
+        refused only after all of them.
+
+        An estimate never refuses (no exact count to be had: the backend has no tokenizer kvgate can use): the
+        request goes on unchanged, its output at the estimate floor (planner rule 3), and the backend's own count
+        decides. It is trimmed or summarized on an estimate only where the backend would otherwise cut it silently
+        (``_cuts_silently``: Ollama truncates a prompt past its context without a word), by the same remedies."""
+        cost = replace(cost, model=parsed.model or "")  # the model the messages name, for a pool keyed ""
         permit = await self._acquire(pool, cost, policy, is_disconnected)
         counted: TokenCount | None = None
         if isinstance(permit, AdmissionRejected) and not cost.prompt_exact:
@@ -258,12 +273,18 @@ class Admitter:
                 counted = None
         if not isinstance(permit, AdmissionRejected):
             return _Fitted(parsed, cost, permit, counted)
-        remedied = await self._remedy(permit, parsed, pool, cost, recount, fit)
-        if remedied is None:
-            raise permit
-        changed, changed_cost, trim, summary = remedied
-        granted = await self.room.acquire(pool.key, pool, changed_cost, policy, is_disconnected=is_disconnected)
-        return _Fitted(changed, changed_cost, granted, counted, trim, summary)
+        if cost.prompt_exact or _cuts_silently(pool):
+            remedied = await self._remedy(permit, parsed, pool, cost, recount, fit)
+            if remedied is not None:
+                changed, changed_cost, trim, summary = remedied
+                granted = await self.room.acquire(pool.key, pool, changed_cost, policy,
+                                                  is_disconnected=is_disconnected)
+                return _Fitted(changed, changed_cost, granted, counted, trim, summary)
+            if cost.prompt_exact:
+                raise permit
+        final = replace(policy, estimate_is_final=True)  # forwarded as sent: the backend's own count decides
+        granted = await self.room.acquire(pool.key, pool, cost, final, is_disconnected=is_disconnected)
+        return _Fitted(parsed, cost, granted, counted)
 
     def _target_tokens(self, pool: PoolSpec, cost: RequestCost) -> int:
         """The prompt length a changed request must reach: the context less room for the output (its limit, at most
@@ -318,18 +339,19 @@ class Admitter:
     async def _trim(
         self, parsed: ParsedRequest, cost: RequestCost, recount: Recount, target: int, failed: list[str],
     ) -> tuple[ParsedRequest, RequestCost, Trim, None] | None:
-        """Drop the oldest history so the prompt fits (a prompt keeps its head and tail); None when it can't."""
+        """Drop the oldest history so the prompt fits, and cut the middle of a message that alone is too long
+        (fitting/chat_fit.py; a prompt keeps its head and tail); None when it can't."""
         reason = "; ".join(failed) or None
-        if parsed.messages:
-            async def count(messages: list[dict[str, Any]]) -> int:
-                return (await recount(_with_messages(parsed, messages))).tokens
+        if parsed.messages or parsed.operation is Operation.RESPONSES:
+            async def count(body: dict[str, Any]) -> int:
+                return (await recount(_with_body(parsed, body))).tokens
 
-            trimmed = await trim_history(list(parsed.messages), count, target)
+            trimmed = await trim_chat(parsed.operation, parsed.body, count, target)
             if trimmed is None:
                 return None
-            trim = Trim(trimmed.dropped, len(parsed.messages), cost.prompt_tokens, trimmed.prompt_tokens,
-                        reason=reason)
-            changed = _with_messages(parsed, trimmed.messages)
+            trim = Trim(trimmed.dropped, trimmed.of_messages, cost.prompt_tokens, trimmed.prompt_tokens,
+                        reason=reason, text=None if trimmed.cut is None else trimmed.describe(cost.prompt_tokens))
+            changed = _with_body(parsed, trimmed.body)
             return changed, replace(cost, prompt_tokens=trimmed.prompt_tokens), trim, None
         prompt = parsed.body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
@@ -367,8 +389,19 @@ def _after_summary_failure(
     return changed, cost, replace(trim, summary_failure=summary_failures[0]), None
 
 
+def _cuts_silently(pool: PoolSpec) -> bool:
+    """Whether the backend cuts a prompt past its context without saying so (Ollama truncates to about half the
+    context and answers 200; facts/ollama.md 4.6), so that an announced trim on an estimate is the lesser change.
+    llama-server and OpenAI-compatible servers refuse such a prompt with their own 400 instead."""
+    return pool.backend_kind is BackendKind.OLLAMA
+
+
 def _with_messages(parsed: ParsedRequest, messages: list[dict[str, Any]]) -> ParsedRequest:
-    return dialects.parse(parsed.dialect, parsed.operation, {**parsed.body, "messages": messages}, "")
+    return _with_body(parsed, {**parsed.body, "messages": messages})
+
+
+def _with_body(parsed: ParsedRequest, body: dict[str, Any]) -> ParsedRequest:
+    return dialects.parse(parsed.dialect, parsed.operation, body, "")
 
 
 def _with_prompt(parsed: ParsedRequest, prompt: str) -> ParsedRequest:

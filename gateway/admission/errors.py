@@ -38,32 +38,35 @@ class AdmissionRejected(GatewayError):
             self.retry_after_s = RETRY_AFTER_S
 
 
-def queue_full(key: PoolKey, queued: int, max_queue: int) -> Reject:
+def queue_full(key: PoolKey, queued: int, max_queue: int, model: str = "") -> Reject:
     return Reject(
         503,
         QUEUE_FULL,
-        f"{queued:,} requests are already waiting for {_where(key)}, the limit (max_queue) is {max_queue:,}; "
+        f"{queued:,} requests are already waiting for {_where(key, model)}, the limit (max_queue) is {max_queue:,}; "
         "retry later, or ask the operator to raise max_queue or add capacity",
     )
 
 
 def queue_timeout(
-    key: PoolKey, waited_s: float, timeout_s: float, reason: str, limit_name: str = "queue_timeout_s"
+    key: PoolKey, waited_s: float, timeout_s: float, reason: str, limit_name: str = "queue_timeout_s",
+    model: str = "",
 ) -> Reject:
     return Reject(
         503,
         QUEUE_TIMEOUT,
-        f"waited {waited_s:.1f} s for {_where(key)}, the limit ({limit_name}) is {timeout_s:g} s; still waiting "
+        f"waited {waited_s:.1f} s for {_where(key, model)}, the limit ({limit_name}) is {timeout_s:g} s; still waiting "
         f"because {reason}; retry later or with a smaller request",
     )
 
 
-def client_closed(key: PoolKey, waited_s: float) -> Reject:
-    return Reject(499, CLIENT_CLOSED, f"the client left after waiting {waited_s:.1f} s for {_where(key)}")
+def client_closed(key: PoolKey, waited_s: float, model: str = "") -> Reject:
+    return Reject(499, CLIENT_CLOSED, f"the client left after waiting {waited_s:.1f} s for {_where(key, model)}")
 
 
-def _where(key: PoolKey) -> str:
-    return f"model '{key.model}' on backend '{key.backend}'"
+def _where(key: PoolKey, model: str = "") -> str:
+    """The pool in words: its model, or (a server's one pool, keyed "") the model the client asked for."""
+    named = key.model or model
+    return f"model '{named}' on backend '{key.backend}'" if named else f"backend '{key.backend}'"
 
 
 LEDGER_UNAVAILABLE = "ledger_unavailable"

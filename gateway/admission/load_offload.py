@@ -1,23 +1,108 @@
-"""A load refused for lack of GPU memory, tried partly on the CPU (``residency.allow_cpu_offload``; loads.py).
+"""A load that can't fit the GPU: loaded partly on the CPU, made to wait, or refused (``residency.when_gpu_full``).
 
-Allowed only when the backend runs on this host (a loopback address: its system RAM is the one kvgate reads) and
-``/proc/meminfo`` says the layers that stay on the CPU (weights and KV, ``memory.estimate.offload``) fit without
-swapping; refused otherwise, saying why. No I/O but the one read of ``meminfo_path``.
+    when_gpu_full   a load ``decide_load`` refused (nothing that ends would make room on the GPU)
+    offload         loaded partly on the CPU, as the backend itself would: when it does (``CpuOffload``), the
+    (default)       models in the way can be unloaded (Ollama offloads only a model loaded alone: idle ones are
+                    unloaded first, busy ones waited for, pinned ones keep it refused), the backend runs on this
+                    host and ``/proc/meminfo`` says its system RAM holds the layers that stay on the CPU (weights
+                    and KV, ``memory.estimate.offload``) without swapping; otherwise refused, saying why
+    wait            waits ``residency.load_wait_s`` for GPU memory (a foreign process may end), then 503
+    refuse          503 at once, as before
+
+Whether a backend offloads (``CpuOffload``): its ``cpu_offload`` setting; on "auto", what kvgate saw (``/api/ps``
+listing a model with ``size_vram`` < ``size``: it does; a load kvgate let spill that failed: it does not), else
+its version: Ollama 0.30+ runs llama.cpp's llama-server, whose fit (``LLAMA_ARG_FIT``) is on by default; an older
+Ollama, or one whose version can't be read, is not assumed to. A spilled load that failed is not tried again even
+on "on" (the backend has shown it can't); "off" is never overruled. No I/O but the one read of ``meminfo_path``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from ipaddress import ip_address
 from pathlib import Path
 
 from yarl import URL
 
-from gateway.admission.load_plan import LoadAction, LoadDecision
+from gateway.admission.load_plan import LoadAction, LoadAsk, LoadDecision, ResidentState, unload_candidates
 from gateway.backends import Backend
 from gateway.memory.estimate import estimate, ram_check
 from gateway.memory.host_ram import RamVerdict, read_host_ram
 from gateway.memory.profile import ModelProfile
+
+FIT_SINCE_VERSION = (0, 30, 0)
+"""Ollama v0.30.0 runs llama-server for every model (ollama.md: E3), with llama.cpp's fit on by default."""
+
+
+class CpuOffload:
+    """Whether each backend loads a model too big for its GPU partly on the CPU (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[bool, str]] = {}
+
+    def saw(self, backend: str, offloads: bool, why: str) -> None:
+        """What a backend was seen doing (a model partly on the CPU, or a spilled load that failed)."""
+        self._seen[backend] = (offloads, why)
+
+    def verdict(self, backend: Backend, version: str | None) -> tuple[bool, str]:
+        """(whether it offloads, why kvgate thinks so)."""
+        setting = backend.settings.cpu_offload
+        seen = self._seen.get(backend.name)
+        if setting == "off" or (setting == "on" and (seen is None or seen[0])):
+            return setting == "on", f"cpu_offload = '{setting}'"
+        if seen is not None:  # on "auto"; or on "on", a spilled load that failed: not tried again
+            return seen
+        parsed = _version(version)
+        if parsed is None:
+            return False, (f"Ollama's version can't be read ({version or 'no /api/version'}); set cpu_offload = "
+                           "'on' if it fits models partly on the CPU")
+        if parsed >= FIT_SINCE_VERSION:
+            return True, f"Ollama {version} fits a model partly on the CPU by default (llama.cpp's fit)"
+        return False, (f"Ollama {version} is older than 0.30 (kvgate assumes no CPU offload; set cpu_offload = "
+                       "'on' if it does)")
+
+
+def _version(text: str | None) -> tuple[int, int, int] | None:
+    if not text:
+        return None
+    parts = text.strip().lstrip("v").split("-")[0].split(".")
+    try:
+        numbers = [int(part) for part in parts[:3]]
+    except ValueError:
+        return None
+    major, minor, patch = (*numbers, 0, 0, 0)[:3]
+    return major, minor, patch
+
+
+def when_full(
+    mode: str, refused: LoadDecision, cpu: tuple[bool, str], *, backend: Backend, profile: ModelProfile,
+    ask: LoadAsk, residents: Sequence[ResidentState], now_s: float, min_resident_s: float, available_bytes: int,
+    total_bytes: int, headroom_bytes: int, meminfo_path: Path,
+) -> LoadDecision:
+    """What a load ``decide_load`` refused becomes under ``when_gpu_full = mode`` (module docstring)."""
+    if mode == "wait":
+        return replace(refused, action=LoadAction.WAIT, reason=f"{refused.reason}; it waits for GPU memory to be "
+                       "freed (residency.when_gpu_full = 'wait')")
+    if mode != "offload":
+        return replace(refused, reason=f"{refused.reason} (residency.when_gpu_full = 'refuse')")
+    offloads, why = cpu
+    if not offloads:
+        return replace(refused, reason=f"{refused.reason}; not loaded partly on the CPU: {why}")
+    now_free, later = unload_candidates(residents, ask, now_s, min_resident_s)
+    stuck = [m.name for m in residents if m.name not in {r.name for r in (*now_free, *later)}]
+    if stuck:
+        return replace(refused, reason=f"{refused.reason}; the backend loads a model partly on the CPU only with no "
+                       f"other model loaded, and {', '.join(stuck)} may not be unloaded (pinned, or of a higher "
+                       "priority)")
+    if later:
+        return replace(refused, action=LoadAction.WAIT, reason=f"it loads partly on the CPU once "
+                       f"{', '.join(m.name for m in later)} can be unloaded (the backend offloads only a model loaded "
+                       "alone)")
+    freed = sum(m.resident_bytes for m in now_free)
+    vram_free = max(0, min(available_bytes + freed, total_bytes) - headroom_bytes)
+    return offloaded(backend, profile, refused, tuple(m.name for m in now_free), freed, vram_free, total_bytes,
+                     meminfo_path)
 
 
 def offloaded(
@@ -43,9 +128,35 @@ def offloaded(
                        f"{available}: {why}")
     return replace(
         refused, action=LoadAction.LOAD, unload=unload, freed_bytes=freed, offloaded_ram_bytes=spill.ram_bytes,
+        cpu_layers=spill.cpu_layers, n_layers=spill.n_layers,
         reason=f"{spill.cpu_layers} of {spill.n_layers} layers on the CPU, {spill.ram_bytes:,} bytes of system "
-        f"RAM ({check.host.available_bytes:,} available; residency.allow_cpu_offload)",
+        f"RAM ({check.host.available_bytes:,} available; residency.when_gpu_full = 'offload')",
     )
+
+
+class Offloads:
+    """The models kvgate let load partly on the CPU, per (backend, model), for X-Kvgate-Offload."""
+
+    def __init__(self) -> None:
+        self._decisions: dict[tuple[str, str], LoadDecision] = {}
+
+    def after_load(self, backend: str, model: str, decision: LoadDecision) -> None:
+        if decision.offloaded_ram_bytes:
+            self._decisions[(backend, model)] = decision
+        else:
+            self._decisions.pop((backend, model), None)
+
+    def said(self, backend: str, model: str, share: float | None) -> str | None:
+        """The header: the layers kvgate let spill, or the share of the model on the CPU the last /api/ps showed
+        (``share``: one the backend offloaded by itself); None while it runs on the GPU alone."""
+        if share is not None and share <= 0:
+            self._decisions.pop((backend, model), None)  # reloaded on the GPU alone since
+            return None
+        decision = self._decisions.get((backend, model))
+        if decision is not None:
+            return (f"{decision.cpu_layers} of {decision.n_layers} layers on the CPU (system RAM "
+                    f"{decision.offloaded_ram_bytes / 2**30:.1f} GiB)")
+        return None if share is None else f"{share:.0%} of the model on the CPU (Ollama's /api/ps)"
 
 
 def is_local(backend: Backend) -> bool:

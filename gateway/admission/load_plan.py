@@ -94,7 +94,10 @@ class LoadDecision:
     lowered_from: int | None = None
     reason: str = ""
     offloaded_ram_bytes: int = 0
-    """System RAM the layers that stay on the CPU take (a load allowed to spill, ``residency.allow_cpu_offload``)."""
+    """System RAM the layers that stay on the CPU take (a load allowed to spill, ``residency.when_gpu_full``)."""
+    cpu_layers: int = 0
+    n_layers: int = 0
+    """Of a load allowed to spill: the layers that stay on the CPU, of the model's."""
 
     def describe(self) -> str:
         """One line for the log, a header or an error message."""

@@ -15,10 +15,10 @@ per-model ``pin`` and ``priority``:
 Decisions and loads on one backend are serialised (Ollama itself loads one model at a time), so two requests for two
 models that are not loaded never start two loads that together don't fit.
 
-With ``residency.allow_cpu_offload``, a load refused for lack of GPU memory may run partly on the CPU instead, when
-the backend runs on this host and ``/proc/meminfo`` says its system RAM holds the offloaded layers (weights and KV of
-the layers that don't fit, ``memory.estimate.offload``) without swapping; one that would swap or wake the OOM killer
-is refused, saying so.
+A load refused for lack of GPU memory then meets ``residency.when_gpu_full`` (load_offload.py): by default it runs
+partly on the CPU, as the backend would, where it does (``cpu_offload``) and system RAM holds it; ``wait`` waits
+``load_wait_s`` for GPU memory, ``refuse`` answers 503 at once. A spilled load that fails teaches kvgate that the
+backend does not offload (a warning says to set ``cpu_offload = "off"``).
 
 Without a ``vram`` source, on other backend kinds, with ``residency.enabled = false``, or when the model's profile
 can't be had, ``load`` answers None and the caller loads as before.
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from gateway.admission.gpu_ledger import GpuBudget, GpuEntry, LoadReservations
 from gateway.admission.gpu_reading import read_gpu_entry
-from gateway.admission.load_offload import offloaded
+from gateway.admission.load_offload import CpuOffload, when_full
 from gateway.admission.load_plan import (
     GpuRoom,
     LoadAction,
@@ -47,7 +47,6 @@ from gateway.admission.load_plan import (
     LoadDecision,
     ResidentState,
     decide_load,
-    unload_candidates,
 )
 from gateway.admission.load_preview import RESIDENT, LoadPreview, preview_of
 from gateway.admission.types import PoolKey
@@ -152,6 +151,8 @@ class LoadGate:
         """The inputs of ``preview``, per (backend, model): read at most once per ``vram_refresh_s``."""
         self.parallel_for: Callable[[Backend, ModelProfile], int] = lambda backend, _: backend.settings.parallel or 1
         """The sequences a model will be loaded with (the pool directory's: configured, else as inferred)."""
+        self.cpu_offload = CpuOffload()
+        """Whether each backend loads a model partly on the CPU, as kvgate learned it."""
         self.on_unload: Callable[[str, str], None] = lambda backend, model: None
         """Called (backend, model) just before kvgate unloads a model: its pool is read anew by the next request."""
         self.counts: dict[str, LoadCounts] = {}
@@ -259,7 +260,11 @@ class LoadGate:
             problem = "no vram source" if entry is None else entry.problem
             log.warning("load of %s is not checked against GPU memory: %s", _label(backend, model), problem)
             return None, False
-        return self._decision(backend, model, profile, budget, at_default=at_default)
+        if self._probes.partly_on_cpu(backend.name):
+            self.cpu_offload.saw(backend.name, True, f"/api/ps showed {self._probes.partly_on_cpu(backend.name)} "
+                                 "partly on the CPU")
+        cpu = self.cpu_offload.verdict(backend, await self._probes.ollama_version(backend))
+        return self._decision(backend, model, profile, budget, at_default=at_default, cpu=cpu)
 
     async def preview(self, backend: Backend, model: str) -> LoadPreview:
         """What loading ``model`` on ``backend`` would take now (load_preview.py), from the last GPU reading and
@@ -282,7 +287,7 @@ class LoadGate:
             return LoadPreview.unknown("no vram source" if entry is None else entry.problem or "no GPU reading")
         if any(same_model(m.name, model) for m in budget.residents):
             return RESIDENT
-        return preview_of(self._decision(backend, model, profile, budget, at_default=False, offload=False)[0])
+        return preview_of(self._decision(backend, model, profile, budget, at_default=False)[0])
 
     async def _preview_inputs(self, backend: Backend, model: str) -> tuple[ModelProfile, GpuEntry | None]:
         profile = await self._probes.profile(backend, model)
@@ -295,10 +300,11 @@ class LoadGate:
 
     def _decision(
         self, backend: Backend, model: str, profile: ModelProfile, budget: GpuBudget, *, at_default: bool,
-        offload: bool = True,
+        cpu: tuple[bool, str] | None = None,
     ) -> tuple[LoadDecision, bool]:
-        """The decision with ``budget`` (no I/O), and whether its context was asked for explicitly; ``offload``:
-        try a refused load partly on the CPU (``residency.allow_cpu_offload``)."""
+        """The decision with ``budget`` (no I/O), and whether its context was asked for explicitly; with ``cpu``
+        (whether the backend offloads, and why kvgate thinks so) a refused load meets ``residency.when_gpu_full``
+        (load_offload.py); without (a preview), it stays refused."""
         settings = backend.settings
         residency = self._settings.residency
         explicit = None if at_default else settings.context_tokens or profile.context_tokens
@@ -320,12 +326,12 @@ class LoadGate:
         now_s = self._clock()
         decision = decide_load(ask, room, residents, now_s=now_s, min_resident_s=residency.min_resident_s,
                                own_resident_bytes=own_bytes)
-        if decision.action is LoadAction.REFUSE and residency.allow_cpu_offload and offload:
-            unload = unload_candidates(residents, ask, now_s, residency.min_resident_s)[0]
-            freed = sum(m.resident_bytes for m in unload)
-            vram_free = max(0, min(room.available_bytes + own_bytes + freed, room.total_bytes) - room.headroom_bytes)
-            decision = offloaded(backend, profile, decision, tuple(m.name for m in unload), freed, vram_free,
-                                 room.total_bytes, residency.meminfo_path)
+        if decision.action is LoadAction.REFUSE and cpu is not None:
+            decision = when_full(
+                residency.when_gpu_full, decision, cpu, backend=backend, profile=profile, ask=ask,
+                residents=residents, now_s=now_s, min_resident_s=residency.min_resident_s,
+                available_bytes=room.available_bytes + own_bytes, total_bytes=room.total_bytes,
+                headroom_bytes=room.headroom_bytes, meminfo_path=residency.meminfo_path)
         return decision, explicit is not None
 
     def _state(self, backend: Backend, name: str, resident_bytes: int) -> ResidentState:
@@ -351,12 +357,20 @@ class LoadGate:
     async def _carry_out(self, backend: Backend, decision: LoadDecision, *, explicit: bool) -> None:
         for name in decision.unload:
             await self._unload(backend, name)
-        if decision.lowered_from is not None or decision.unload:
+        if decision.lowered_from is not None or decision.unload or decision.offloaded_ram_bytes:
             log.warning("%s", _describe(backend, decision))
         num_ctx = decision.context_tokens if explicit or decision.lowered_from is not None else None
         reservation = self._reservations.reserve(backend.name, decision.model, decision.load_bytes)
         try:
-            await self._probes.load_model(backend, decision.model, num_ctx)
+            try:
+                await self._probes.load_model(backend, decision.model, num_ctx)
+            except ProbeError as exc:
+                if decision.offloaded_ram_bytes:  # it did not spill as llama.cpp's fit would: fit is off there
+                    self.cpu_offload.saw(backend.name, False, f"a load kvgate let run partly on the CPU failed ({exc})")
+                    log.warning("%s failed to load model %r partly on the CPU (%s); kvgate no longer offloads there: "
+                                "set the backend's cpu_offload = \"off\" if it runs with LLAMA_ARG_FIT=off",
+                                backend.describe(), decision.model, exc)
+                raise
             self._count(backend).loads += 1
             self._count(backend).lowered += decision.lowered_from is not None
             self._loaded_at[(backend.name, canonical_model(decision.model))] = self._clock()

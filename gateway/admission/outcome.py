@@ -28,6 +28,7 @@ RESERVED_TOKENS_HEADER = "X-Kvgate-Reserved-Tokens"
 QUEUE_WAIT_HEADER = "X-Kvgate-Queue-Wait"
 REWRITE_HEADER = "X-Kvgate-Rewrite"
 CONTEXT_LOWERED_HEADER = "X-Kvgate-Context-Lowered"
+OFFLOAD_HEADER = "X-Kvgate-Offload"
 
 
 class AdmissionDecision(StrEnum):
@@ -104,6 +105,8 @@ class AdmissionOutcome:
     notes: tuple[str, ...] = ()
     context_lowered: tuple[int, int] | None = None
     """(asked, loaded): kvgate loaded the model at a smaller context than asked, to fit GPU memory."""
+    offload: str | None = None
+    """What of the model runs on the CPU (it did not fit the GPU: ``residency.when_gpu_full = 'offload'``)."""
 
     @property
     def summary_failure(self) -> str | None:
@@ -179,6 +182,8 @@ def response_headers(outcome: AdmissionOutcome) -> dict[str, str]:
     if outcome.context_lowered is not None:
         asked, loaded = outcome.context_lowered
         headers[CONTEXT_LOWERED_HEADER] = f"{loaded} (asked {asked}; GPU memory)"
+    if outcome.offload is not None:
+        headers[OFFLOAD_HEADER] = outcome.offload
     return headers
 
 
@@ -201,6 +206,8 @@ def log_fields(outcome: AdmissionOutcome) -> dict[str, object]:
         fields["summary_cached"] = outcome.summary.cached
     if outcome.context_lowered is not None:
         fields["context_lowered_from"], fields["context_tokens"] = outcome.context_lowered
+    if outcome.offload is not None:
+        fields["offload"] = outcome.offload
     return fields
 
 

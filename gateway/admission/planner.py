@@ -21,12 +21,21 @@ The rules, in the order they are applied:
 1. Context. On Ollama with ``pin_num_ctx``, ``options.num_ctx`` is rewritten to the loaded slot context whenever the
    client sent another value or none (a different value reloads the model; ollama.md 4.5). Unpinned, the client's
    num_ctx is the context its sequence will run in (after Ollama reloads the model).
-2. Prompt. ``ceil(prompt * (1 + margin))`` when the count is an estimate, else the count. A prompt at least as long
-   as the context is rejected (400 ``context_length_exceeded``): this is what prevents Ollama's silent truncation to
-   about half the context and llama-server's own 400.
+2. Prompt. ``ceil(prompt * (1 + margin))`` when the count is an estimate, else the count. A counted prompt at least
+   as long as the context is rejected (400 ``context_length_exceeded``): this is what prevents Ollama's silent
+   truncation to about half the context and llama-server's own 400. An estimate is never refused for its length:
+   it is rejected here only while the real count may still come (the admitter then asks for it); once the
+   estimate is final (``policy.estimate_is_final``) it is admitted, reserving at most the context, with the output
+   at the estimate floor (rule 3), and the backend's own count decides.
 3. Output. The client's limit; if prompt + output exceed the context the output is clamped (a rewrite plus a note)
    or, without ``clamp_output``, the request is rejected. So a reservation never exceeds the context of one
-   sequence, and a sequence that was admitted always fits an empty pool.
+   sequence, and a sequence that was admitted always fits an empty pool. An estimate leans high, so it never
+   clamps the output below the estimate floor, ``min(default_output_tokens, context // 4)``, and never refuses:
+
+       estimate leaves room >= floor    as for a count, except that without clamp_output the client's limit is
+                                        forwarded as sent instead of refused
+       estimate leaves room <  floor    output at the floor (a smaller client limit stands; without clamp_output,
+                                        the client's own), reserving min(prompt + output, context)
    A request with no limit (none given, or -1) still gets one, and the backend is told it (a rewrite of the
    dialect's limit field, ``max_tokens=N (was unset)``): a backend left without a limit generates until the context
    fills, past any reservation, and on a unified pool that fails every active request. The limit is chosen so that
@@ -91,18 +100,26 @@ def plan(cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Po
     """Decide whether the request's sequence fits the pool now, later or never."""
     context = _context(cost, pool, policy)
     prompt_tokens = reserved_prompt_tokens(cost, policy)
-    if prompt_tokens >= context.tokens:
+    if prompt_tokens >= context.tokens and (cost.prompt_exact or not policy.estimate_is_final):
         return _prompt_too_long(cost, pool, prompt_tokens, context.tokens)
     share_tokens = tenant_share_tokens(policy.per_tenant_max_share, pool)
     output = _fit_output(cost, pool, policy, prompt_tokens, context.tokens, share_tokens)
     if isinstance(output, Reject):
         return output
-    reserve_tokens = (prompt_tokens + output.tokens) * cost.sequences
+    # at most the context per sequence: an estimate's prompt + floor may exceed it, a count's never does (rule 3)
+    reserve_tokens = min(prompt_tokens + output.tokens, context.tokens) * cost.sequences
     too_many = _too_many_sequences(cost, pool, policy, reserve_tokens)
     if too_many is not None:
         return too_many
     if share_tokens is not None and reserve_tokens > share_tokens:
-        return _over_share(cost, pool, policy, prompt_tokens, reserve_tokens, share_tokens)
+        if cost.prompt_exact:
+            return _over_share(cost, pool, policy, prompt_tokens, reserve_tokens, share_tokens)
+        held = snapshot.per_tenant_tokens.get(cost.tenant, 0)
+        if held:  # an estimate is never refused for the share: it runs once the tenant holds nothing else
+            return Wait(f"tenant '{cost.tenant}' holds {held:,} tokens of {_where(pool, cost)}; this request's "
+                        f"estimate ({reserve_tokens:,}) exceeds its share ({share_tokens:,}) on its own, so it waits "
+                        "until the tenant holds nothing else", "tenant")
+        share_tokens = None
     wait = _capacity_wait(cost, pool, snapshot, policy, reserve_tokens, share_tokens)
     if wait is not None:
         return wait
@@ -158,6 +175,10 @@ def _fit_output(
 ) -> _Fit | Reject:
     room_tokens = context_tokens - prompt_tokens
     asked = cost.max_output_tokens
+    if not cost.prompt_exact:
+        floor = estimate_output_floor(policy, context_tokens)
+        if room_tokens < floor:
+            return _estimate_floor(cost, pool, policy, prompt_tokens, context_tokens, floor)
     if asked is None:
         granted = room_tokens
         if pool.unified:
@@ -178,21 +199,48 @@ def _fit_output(
             f"prompt in the {context_tokens:,}-token context; clamped to {room_tokens:,}"
         )
         return _Fit(room_tokens, room_tokens, (note,))
+    if not cost.prompt_exact:  # never refused on an estimate: the client's limit stands, the backend judges
+        return _Fit(asked, None, (f"max output {asked:,} tokens requested with an estimated prompt; left as sent "
+                                  "(clamp_output is off), for the backend to judge",))
     return Reject(
         400,
         CONTEXT_LENGTH_EXCEEDED,
         f"prompt is {_prompt_words(cost, prompt_tokens)} and max output is {asked:,} tokens, "
-        f"{prompt_tokens + asked:,} in all; {_where(pool)} has a context of {context_tokens:,} tokens per sequence; "
-        f"lower max output to at most {room_tokens:,} tokens or shorten the prompt",
+        f"{prompt_tokens + asked:,} in all; {_where(pool, cost)} has a context of {context_tokens:,} tokens per "
+        f"sequence; lower max output to at most {room_tokens:,} tokens or shorten the prompt",
     )
+
+
+def estimate_output_floor(policy: Policy, context_tokens: int) -> int:
+    """The least output an estimated prompt is left: a quarter of the context, at most ``default_output_tokens``
+    (an estimate leans high: the room it leaves is often too small, and the backend counts exactly)."""
+    return max(1, min(policy.default_output_tokens, context_tokens // 4))
+
+
+def _estimate_floor(
+    cost: RequestCost, pool: PoolSpec, policy: Policy, prompt_tokens: int, context_tokens: int, floor: int
+) -> _Fit:
+    """An estimated prompt that leaves less than the floor for output (or looks too long): output at the floor (the
+    client's smaller limit, or without ``clamp_output`` the client's own), forwarded for the backend to judge."""
+    asked = cost.max_output_tokens
+    left = max(0, context_tokens - prompt_tokens)
+    said = (f"prompt is {_prompt_words(cost, prompt_tokens)}, which leaves {left:,} of the {context_tokens:,}-token "
+            f"context of {_where(pool, cost)}; an estimate leans high, so it is not refused or trimmed on it")
+    if asked is not None and (asked <= floor or not policy.clamp_output):
+        return _Fit(asked, None, (f"{said}: the client's max output of {asked:,} stands and the backend's own count "
+                                  "decides",))
+    note = (f"{said}: output limited to {floor:,} tokens (the estimate floor: a quarter of the context, at most "
+            "default_output_tokens) and the backend's own count decides")
+    return _Fit(floor, floor, (note,))
 
 
 def _prompt_too_long(cost: RequestCost, pool: PoolSpec, prompt_tokens: int, context_tokens: int) -> Reject:
     return Reject(
         400,
         CONTEXT_LENGTH_EXCEEDED,
-        f"prompt is {_prompt_words(cost, prompt_tokens)}; {_where(pool)} has a context of {context_tokens:,} tokens "
-        f"per sequence (at most {context_tokens - 1:,} prompt tokens); shorten it or ask for a larger context",
+        f"prompt is {_prompt_words(cost, prompt_tokens)}; {_where(pool, cost)} has a context of "
+        f"{context_tokens:,} tokens per sequence (at most {context_tokens - 1:,} prompt tokens); shorten it or ask "
+        "for a larger context",
     )
 
 
@@ -242,7 +290,8 @@ def _capacity_wait(
     cap = policy.per_tenant_max_active
     active = snapshot.per_tenant_active.get(cost.tenant, 0)
     if cap is not None and active + cost.sequences > cap:
-        return Wait(f"tenant '{cost.tenant}' has {active} of {cap} allowed active requests on {_where(pool)}", "tenant")
+        return Wait(f"tenant '{cost.tenant}' has {active} of {cap} allowed active requests on {_where(pool, cost)}",
+                    "tenant")
     held = snapshot.per_tenant_tokens.get(cost.tenant, 0)
     if share_tokens is not None and held + reserve_tokens > share_tokens:
         return Wait(
@@ -251,11 +300,11 @@ def _capacity_wait(
             "tenant",
         )
     if snapshot.active_sequences + cost.sequences > pool.slots:
-        return Wait(f"all {pool.slots} sequence slots of {_where(pool)} are busy")
+        return Wait(f"all {pool.slots} sequence slots of {_where(pool, cost)} are busy")
     if pool.unified and snapshot.reserved_tokens + reserve_tokens > pool.pool_tokens:
         return Wait(
-            f"{snapshot.reserved_tokens:,} of the {pool.pool_tokens:,} tokens in the shared pool of {_where(pool)} "
-            f"are reserved; this request needs {reserve_tokens:,}"
+            f"{snapshot.reserved_tokens:,} of the {pool.pool_tokens:,} tokens in the shared pool of "
+            f"{_where(pool, cost)} are reserved; this request needs {reserve_tokens:,}"
         )
     return None
 
@@ -266,5 +315,7 @@ def _prompt_words(cost: RequestCost, prompt_tokens: int) -> str:
     return f"about {cost.prompt_tokens:,} tokens (estimated; {prompt_tokens:,} with the safety margin)"
 
 
-def _where(pool: PoolSpec) -> str:
-    return f"model '{pool.model}' on backend '{pool.backend}'"
+def _where(pool: PoolSpec, cost: RequestCost | None = None) -> str:
+    """The pool in words: its model, or (a server's one pool, keyed "") the model the client asked for."""
+    model = pool.model or (cost.model if cost is not None else "")
+    return f"model '{model}' on backend '{pool.backend}'" if model else f"backend '{pool.backend}'"

@@ -20,6 +20,9 @@ Several requests never start several probes of one pool: they share one. A probe
 ``admission.probe_wait_s`` while its requests wait; then they are refused with 503 and Retry-After, never admitted
 without a ledger. A pool probed before keeps its last layout while a refresh fails.
 
+A backend that refuses connections and answered nothing within ``probe_wait_s`` is down: 502 (``BackendDown``) at
+once, not a wait (gateway/backends/liveness.py); one that answered within that time is waited for, as above.
+
 "Could not probe" and "does not fit" are different answers. A backend that is unreachable or answers nonsense
 (``ProbeError``) is retried, then refused with 503, as above. A model that does not fit free VRAM, or whose profile
 can't be derived, is a decision with numbers (:class:`ModelDoesNotFit`, :class:`ContextUnknown`): the pool is planned
@@ -37,9 +40,11 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 from gateway.admission import PoolSpec
+from gateway.admission.load_offload import Offloads
 from gateway.admission.loads import Loaded, LoadGate, Lowered, lowered_of
 from gateway.admission.pool_slots import SlotBook, read_slots
 from gateway.backends import Backend
+from gateway.backends.down import down_error
 from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
 from gateway.config import Settings
@@ -108,6 +113,7 @@ class PoolDirectory:
         self._probes = probes
         self._loads = loads
         self._lowered: dict[PoolId, Lowered] = {}
+        self._offloaded = Offloads()
         if loads is not None:
             loads.on_unload = lambda backend, model: self._stale.add((backend, model))
         self._clock = clock
@@ -175,6 +181,9 @@ class PoolDirectory:
                 self._failures[pool_id] = reason
                 if cached is not None:
                     return cached[1]  # the last layout stands while the backend is briefly unreachable
+                down = down_error(backend, exc, self._settings.admission.probe_wait_s)
+                if down is not None and pause_s == PROBE_RETRY_FIRST_S:  # down: answered on its first refusal
+                    raise down from None
                 if self._clock() + pause_s > deadline:
                     raise BackendNotReady(
                         f"kvgate can't learn the KV pool of {_label(backend, pool_id[1])} (tried for "
@@ -274,6 +283,8 @@ class PoolDirectory:
             self._lowered.pop((backend.name, model), None)
         else:
             self._lowered[(backend.name, model)] = lowered
+        if loaded is not None:
+            self._offloaded.after_load(backend.name, model, loaded.decision)
 
     async def before_default_request(self, backend: Backend, pool: PoolSpec) -> PoolSpec:
         """Before a request that runs the model at Ollama's own default context (/v1, no num_ctx): when kvgate loaded
@@ -388,6 +399,12 @@ class PoolDirectory:
     def expected_load_s(self, backend: Backend, model: str) -> tuple[float, str] | None:
         """The expected load of ``model`` on ``backend``, from the loads kvgate asked for (backends/load_times.py)."""
         return self._probes.load_times.expected_s(backend.name, model)
+
+    def offload_for(self, pool: PoolSpec) -> str | None:
+        """What of the pool's model runs on the CPU, for X-Kvgate-Offload (load_offload.Offloads)."""
+        if pool.backend_kind is not BackendKind.OLLAMA:
+            return None
+        return self._offloaded.said(pool.backend, pool.model, self._probes.on_cpu(pool.backend, pool.model))
 
     def known(self) -> dict[tuple[str, str], PoolSpec]:
         """Every pool probed so far, by (backend, model) (for metrics and the status page)."""

@@ -92,6 +92,9 @@ class RequestCost:
     priority: int = 0
     sequences: int = 1
     weight: float = 1.0
+    model: str = ""
+    """The model the client asked for: what messages name when the pool serves any name (an OpenAI-compatible
+    server's one pool is keyed "")."""
 
     def __post_init__(self) -> None:
         if not self.weight > 0:  # also refuses NaN
@@ -125,6 +128,9 @@ class Policy:
       SDK's ``X-Stainless-Read-Timeout``) can shorten it, never lengthen it (``queue_limit_name`` then says so).
     - ``fair_queueing``: within one priority, order the queue by weighted fair share of reserved tokens between
       tenants (``fair_share``); off, by arrival.
+    - ``estimate_is_final``: the prompt's count is an estimate no counter can better (the real count was asked for
+      and is unavailable): the planner then never refuses it for its length; the backend's own count decides
+      (planner rule 2).
     """
 
     default_output_tokens: int = 1024
@@ -139,6 +145,7 @@ class Policy:
     queue_limit_name: str = "queue_timeout_s"
     fair_queueing: bool = True
     """What set ``queue_timeout_s``, for the refusal: the setting, or the request's own deadline."""
+    estimate_is_final: bool = False
 
     def __post_init__(self) -> None:
         if self.default_output_tokens < 0 or self.max_queue < 0:

@@ -258,7 +258,8 @@ class WaitingRoom:
                     self._queues.get(key, []).sort(key=lambda w: w.order)
         if waiting > policy.max_queue and not waiter.future.done():
             self._counter(key).queue_full_total += 1
-            raise AdmissionRejected(errors.queue_full(key, waiting - 1, policy.max_queue))  # those before it
+            raise AdmissionRejected(errors.queue_full(key, waiting - 1, policy.max_queue,  # those before it
+                                                      waiter.cost.model))
 
     async def _commit(self, shared: SharedPools, grant: _Grant, pool: PoolSpec, cost: RequestCost, policy: Policy,
                       waiter: _Waiter | Tag) -> bool:
@@ -289,12 +290,13 @@ class WaitingRoom:
                 waited_s = self._clock() - waiter.enqueued_at_s
                 timeout_s = waiter.policy.queue_timeout_s
                 raise AdmissionRejected(errors.queue_timeout(waiter.key, waited_s, timeout_s, waiter.reason,
-                                                             waiter.policy.queue_limit_name))
+                                                             waiter.policy.queue_limit_name, waiter.cost.model))
             step_s = remaining_s if is_disconnected is None else min(remaining_s, self._poll_s)
             await asyncio.wait((waiter.future,), timeout=step_s)
             if not waiter.future.done() and is_disconnected is not None and is_disconnected():
                 self._counter(waiter.key).left_total += 1
-                raise AdmissionRejected(errors.client_closed(waiter.key, self._clock() - waiter.enqueued_at_s))
+                raise AdmissionRejected(errors.client_closed(waiter.key, self._clock() - waiter.enqueued_at_s,
+                                                             waiter.cost.model))
         return waiter.future.result()
 
     def _abandon(self, waiter: _Waiter) -> None:

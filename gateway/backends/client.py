@@ -13,26 +13,33 @@ every transport failure (aiohttp, asyncio, orjson) is translated into the gatewa
 
 Each is also a ``BackendUnavailable`` or ``BackendTimeout`` of ``gateway.errors``, so the proxy lets them through to
 be rendered; probers, counters and VRAM readers wrap them in their own types in one line.
+
+The client also keeps the backend's ``Liveness`` (liveness.py): every answer, of any status, marks it up, and a
+refused connection on a backend that was up within ``restart_wait_s`` is waited through (a restart) for JSON calls
+and, where the caller allows it, for forwarded requests; on one that was not, it is refused at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Collection, Mapping
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
 from multidict import CIMultiDict
 from yarl import URL
 
+from gateway.backends.liveness import RETRY_FIRST_S, RETRY_MAX_S, Liveness
 from gateway.config import BackendSettings, Timeouts
 from gateway.errors import BackendTimeout, BackendUnavailable, GatewayError
 
 log = logging.getLogger(__name__)
 
 Body = bytes | AsyncIterator[bytes] | None
+T = TypeVar("T")
 ERROR_TEXT_CHARS = 200
 """How much of an error answer's body a BackendStatusError quotes."""
 
@@ -188,18 +195,28 @@ class BackendClient:
         api_key: str | None = None,
         timeouts: Timeouts | None = None,
         label: str | None = None,
+        restart_wait_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._session = session
         self.base_url = URL(base_url)
         self._api_key = api_key
         self.timeouts = timeouts or Timeouts()
         self.label = label or str(self.base_url).rstrip("/")
+        self.liveness = Liveness(restart_wait_s, clock)
+        """When the backend last answered: whether a refused connection is a restart or a dead backend."""
+        self._clock = clock
+        self._sleep = sleep
 
     @classmethod
-    def for_backend(cls, session: aiohttp.ClientSession, settings: BackendSettings) -> BackendClient:
+    def for_backend(
+        cls, session: aiohttp.ClientSession, settings: BackendSettings, *, restart_wait_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> BackendClient:
         key = settings.api_key.get_secret_value() if settings.api_key else None
         return cls(session, settings.url, api_key=key, timeouts=settings.timeouts,
-                   label=f"backend '{settings.name}' at {settings.url}")
+                   label=f"backend '{settings.name}' at {settings.url}", restart_wait_s=restart_wait_s, clock=clock)
 
     def __repr__(self) -> str:
         return f"BackendClient({self.label!r})"  # never the API key
@@ -255,24 +272,62 @@ class BackendClient:
         # of its --threads-http threads until the client closes it or it has been idle 5 s, so a burst of counts
         # kept alive left the next ones waiting 5 s for a thread (measured: 2 of 12 concurrent counts at 5.07 s on
         # a 2-core machine, 1 run in 4; none in 8 runs with the connection closed).
-        return await fetch(self._session, method, self.url_for(path), where=where,
-                           headers=self.identity() | {"Connection": "close"}, json_body=body,
-                           timeouts=self.timeouts, timeout_s=timeout_s)
+        try:
+            raw = await self.through_restart(lambda: fetch(
+                self._session, method, self.url_for(path), where=where,
+                headers=self.identity() | {"Connection": "close"}, json_body=body, timeouts=self.timeouts,
+                timeout_s=timeout_s))
+        except BackendStatusError:
+            self.liveness.answered()  # an error status is an answer: the backend is up
+            raise
+        self.liveness.answered()
+        return raw
 
-    async def open(self, method: str, path_qs: str, headers: Mapping[str, str], body: Body) -> aiohttp.ClientResponse:
+    async def through_restart(self, call: Callable[[], Awaitable[T]], *, wait: bool = True) -> T:
+        """``call()``; a refused connection (BackendUnreachable) on a backend that was up within ``restart_wait_s``
+        is a restart, tried again until it gets through or ``restart_wait_s`` have passed since the first refusal
+        (liveness.py); on a backend that was not up (or with ``wait`` False), the refusal stands at once."""
+        first_refused_s: float | None = None
+        pause_s = RETRY_FIRST_S
+        while True:
+            try:
+                return await call()
+            except BackendUnreachable:
+                now_s = self._clock()
+                if first_refused_s is None:
+                    if not wait or not self.liveness.up():
+                        raise
+                    first_refused_s = now_s
+                    log.info("%s refused the connection but answered moments ago: waiting up to %g s for it "
+                             "(a restart?)", self.label, self.liveness.restart_wait_s)
+                if now_s + pause_s - first_refused_s > self.liveness.restart_wait_s:
+                    raise
+            await self._sleep(pause_s)
+            pause_s = min(pause_s * 2, RETRY_MAX_S)
+
+    async def open(
+        self, method: str, path_qs: str, headers: Mapping[str, str], body: Body, *, wait_restart: bool = True,
+    ) -> aiohttp.ClientResponse:
         """Send a request and return the backend's response once its headers are in (the caller streams the body
         and closes it). Headers within ``first_byte_s``; a connection the backend closed before answering is
-        tried once more when the body is held whole."""
+        tried once more when the body is held whole; a refused one is waited through when the backend was up
+        moments ago (``through_restart``; only with ``wait_restart`` and a body held whole)."""
         sent = CIMultiDict(headers)
         for name, value in self.identity().items():
             sent[name] = value
         first_byte_s = self.timeouts.first_byte_s
-        try:
-            async with asyncio.timeout(first_byte_s):
-                return await self._send(method, path_qs, sent, body)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise call_error(exc, self.label, connect_s=self.timeouts.connect_s,
-                             waited=f"{first_byte_s:g} s (timeouts.first_byte_s)") from None
+
+        async def attempt() -> aiohttp.ClientResponse:
+            try:
+                async with asyncio.timeout(first_byte_s):
+                    return await self._send(method, path_qs, sent, body)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise call_error(exc, self.label, connect_s=self.timeouts.connect_s,
+                                 waited=f"{first_byte_s:g} s (timeouts.first_byte_s)") from None
+
+        response = await self.through_restart(attempt, wait=wait_restart and isinstance(body, bytes | None))
+        self.liveness.answered()
+        return response
 
     async def _send(self, method: str, path_qs: str, headers: CIMultiDict[str], body: Body) -> aiohttp.ClientResponse:
         client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect_s)

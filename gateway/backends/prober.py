@@ -117,11 +117,15 @@ class OllamaProber(_Prober):
         return await self._call("POST", "/api/generate", body)
 
     async def version(self) -> str | None:
-        """/api/version's ``version``, read once (None when the backend does not say: asked again next time)."""
+        """/api/version's ``version``, read once (None when the backend does not say, or can't be asked now: asked
+        again next time)."""
         if self._version is None:
-            answer = await self._call("GET", "/api/version")
+            try:
+                answer = await self._call("GET", "/api/version")
+            except ProbeError:
+                return None
             found = answer.get("version") if isinstance(answer, dict) else None
-            self._version = found if isinstance(found, str) else None
+            self._version = found if isinstance(found, str) and found else None
         return self._version
 
     async def unload(self, model: str) -> None:

@@ -38,6 +38,8 @@ class BackendProbes:
         self._llama: dict[str, LlamaServerProber] = {}
         self._vram: dict[str, VramSource] = dict(vram_sources or {})
         self._listed: dict[str, tuple[str, ...]] = {}
+        self._on_cpu: dict[str, dict[str, float]] = {}
+        """Per Ollama backend: the share on the CPU of each model its last /api/ps listed (1 - size_vram/size)."""
 
     async def profile(self, backend: Backend, model: str) -> ModelProfile:
         """The model's profile as the backend serves it; raises ProbeError when the backend can't tell."""
@@ -98,7 +100,17 @@ class BackendProbes:
         """Ollama: every model /api/ps shows loaded now; with ``join_running`` a read in flight will do."""
         loaded = await self._ollama_prober(backend).loaded(join_running=join_running)
         self._listed[backend.name] = tuple(model.name for model in loaded)
+        self._on_cpu[backend.name] = {model.name: model.offloaded_fraction for model in loaded}
         return loaded
+
+    def on_cpu(self, backend: str, model: str) -> float | None:
+        """Ollama: the share of ``model`` on the CPU as the last /api/ps showed it; None when it did not list it."""
+        shares = self._on_cpu.get(backend, {})
+        return next((share for name, share in shares.items() if same_model(name, model)), None)
+
+    def partly_on_cpu(self, backend: str) -> str | None:
+        """Ollama: a model the last /api/ps showed partly on the CPU (the backend offloads), None if none."""
+        return next((name for name, share in self._on_cpu.get(backend, {}).items() if share > 0), None)
 
     def last_loaded(self, backend: str) -> tuple[str, ...] | None:
         """Ollama: the models the last /api/ps kvgate read from ``backend`` listed (any read, for any purpose: a

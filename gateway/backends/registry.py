@@ -80,7 +80,10 @@ class BackendRegistry:
     def __init__(self, settings: Settings, session: aiohttp.ClientSession, clock: Callable[[], float] = time.monotonic):
         self._settings = settings
         self._clock = clock
-        self.backends = [Backend(config, BackendClient.for_backend(session, config)) for config in settings.backends]
+        self.backends = [  # a refused connection waits for a backend up within probe_wait_s (liveness.py)
+            Backend(config, BackendClient.for_backend(session, config, restart_wait_s=settings.admission.probe_wait_s,
+                                                      clock=clock))
+            for config in settings.backends]
         self._miss_refresh: SingleFlight[str, None] = SingleFlight(clock=clock)
 
     @property

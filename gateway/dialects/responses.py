@@ -46,6 +46,13 @@ def prompt_of(body: dict[str, Any]) -> Prompt:
     return Prompt(messages=tuple(messages), tools=tools, exact_shape=exact)
 
 
+def chat_shape(item: Any) -> dict[str, Any]:
+    """The chat message an input item stands for, for finding turns (trimming): an item of another type (reasoning,
+    a web search call) belongs to the assistant's turn."""
+    message = _item_message(item) if isinstance(item, dict) else None
+    return message if message is not None else {"role": "assistant", "content": ""}
+
+
 def _item_message(item: dict[str, Any]) -> dict[str, Any] | None:
     kind = item.get("type", "message")
     if kind == "message" and isinstance(item.get("role"), str):

@@ -6,9 +6,10 @@
 ```
 The start of a prompt usually says what to do and the end what to do it to (or the question), so both halves are
 kept, equal in length. The number of characters kept ``h`` is the largest whose prompt, marker included, counts at
-most the target; it is found by bisection over ``0 .. (len - 1) // 2`` (at least one character is omitted: the
-caller comes here when the whole prompt does not fit), so it costs ``1 + ceil(log2(h_max + 1))`` counts. A
-tokenizer's count need not grow strictly with ``h``, but the result is always one that was counted and fits.
+most the target; it is searched for over ``0 .. min((len - 1) // 2, target * MAX_CHARS_PER_TOKEN)`` (at least one
+character is omitted: the caller comes here when the whole prompt does not fit) by ``search.largest_fitting``, in a
+handful of counts of candidates near the answer. A tokenizer's count need not grow strictly with ``h``, but the
+result is always one that was counted and fits.
 Python strings index code points, so a cut never splits a UTF-16 surrogate pair. The marker says how much was
 omitted, to the model and the reader; nothing is omitted silently. Pure: the counter is the caller's.
 """
@@ -18,8 +19,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from gateway.fitting.search import largest_fitting
+
 TextCountFn = Callable[[str], Awaitable[int]]
 """Counts the prompt of a request whose prompt is the given text (template included)."""
+MAX_CHARS_PER_TOKEN = 16
+"""The search never tries to keep more than this many characters per target token on each side: no tokenizer
+packs that many into its average token (English runs about 4 characters a token, code 3), so nothing that could
+fit is missed, and each count's work is bounded by the target, not by the size of what the client sent (a 5 MiB
+message costs counts of at most ``2 * 16 * target`` characters, never of megabytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,15 +66,5 @@ async def keep_head_and_tail(prompt: str, *, target_tokens: int, count: TextCoun
         text = head_and_tail(prompt, half_chars)
         return HeadTail(text, 2 * half_chars, len(prompt) - 2 * half_chars, await count(text))
 
-    best = await keeping(0)
-    if best.prompt_tokens > target_tokens:
-        return None
-    low, high = 0, (len(prompt) - 1) // 2  # invariant: keeping `low` each side fits, and `best` is that
-    while low < high:
-        middle = (low + high + 1) // 2
-        candidate = await keeping(middle)
-        if candidate.prompt_tokens <= target_tokens:
-            low, best = middle, candidate
-        else:
-            high = middle - 1
-    return best
+    high = min((len(prompt) - 1) // 2, max(0, target_tokens) * MAX_CHARS_PER_TOKEN)
+    return await largest_fitting(high, keeping, lambda kept: kept.prompt_tokens, target_tokens)

@@ -117,20 +117,25 @@ def turn_cuts(messages: Sequence[Message]) -> list[int]:
     return cuts
 
 
-def kept_from(messages: Sequence[Message], cut: int) -> list[Message]:
-    """The history from ``cut`` on, with the system and developer messages before it kept in place."""
-    return [m for i, m in enumerate(messages) if i >= cut or m.get("role") in KEPT_ROLES]
+def kept_from(messages: Sequence[Message], cut: int, shape: Sequence[Message] | None = None) -> list[Message]:
+    """The history from ``cut`` on, with the system and developer messages before it kept in place (roles read
+    from ``shape``, a chat-shaped view of the same items, when given: the Responses API's input items)."""
+    roles = messages if shape is None else shape
+    return [m for i, m in enumerate(messages) if i >= cut or roles[i].get("role") in KEPT_ROLES]
 
 
-async def trim_history(messages: Sequence[Message], count: CountFn, target_tokens: int) -> Trimmed | None:
-    """The trim dropping the fewest whole turns (at least one) whose prompt is at most ``target_tokens``.
+async def trim_history(
+    messages: Sequence[Message], count: CountFn, target_tokens: int, *, shape: Sequence[Message] | None = None
+) -> Trimmed | None:
+    """The trim dropping the fewest whole turns (at least one) whose prompt is at most ``target_tokens``; turns are
+    found in ``shape`` when given (a chat-shaped view of ``messages``, item for item).
 
     None when nothing can be dropped, or when even dropping every turn but the newest is too long.
     """
-    cuts = turn_cuts(messages)
+    cuts = turn_cuts(messages if shape is None else shape)
 
     async def dropping(turns: int) -> Trimmed:
-        kept = kept_from(messages, cuts[turns - 1])
+        kept = kept_from(messages, cuts[turns - 1], shape)
         return Trimmed(kept, len(messages) - len(kept), await count(kept))
 
     if not cuts:

@@ -2,6 +2,8 @@
 
     llama-server backend:  llama-server's own count -> GGUF (template) -> tokenizer.json -> tiktoken -> estimate
     Ollama backend:        GGUF from /api/show (content + learned overhead) -> tokenizer.json -> tiktoken -> estimate
+    OpenAI-compatible:     the server's own /tokenize (vLLM, llama-server) -> GGUF -> tokenizer.json -> tiktoken ->
+                           estimate
 
 A counter that raises CounterUnavailable is skipped with a warning naming the model and the reason; the warning is
 logged once per (counter, reason) so a dead backend does not flood the log, and again after the counter recovered
@@ -47,7 +49,7 @@ class CounterChain:
                 result = await ask(counter)
             except CounterUnavailable as exc:
                 reasons.append(f"{counter.name}: {exc.reason}")
-                self._warn(counter, exc.reason, self.counters[index + 1 :])
+                self._warn(counter, exc.reason, self.counters[index + 1 :], quiet=exc.quiet)
                 continue
             self._reported.pop(counter.name, None)
             return result
@@ -62,12 +64,13 @@ class CounterChain:
             except CounterUnavailable:
                 continue
 
-    def _warn(self, counter: Counter, reason: str, rest: Sequence[Counter]) -> None:
+    def _warn(self, counter: Counter, reason: str, rest: Sequence[Counter], *, quiet: bool = False) -> None:
         if self._reported.get(counter.name) == reason:
             return
         self._reported[counter.name] = reason
         fallback = rest[0].name if rest else "nothing"
-        self._log.warning(
+        self._log.log(
+            logging.INFO if quiet else logging.WARNING,
             "token counter %s unavailable for model %r: %s; falling back to %s",
             counter.name,
             self.model,

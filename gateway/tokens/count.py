@@ -28,12 +28,14 @@ class TokenCount:
 
 
 class CounterUnavailable(Exception):
-    """Raised when a counter cannot count right now; the message names the counter, the model and why."""
+    """Raised when a counter cannot count right now; the message names the counter, the model and why. ``quiet``: an
+    expected absence (a server without a tokenize endpoint), logged at INFO rather than as a warning."""
 
-    def __init__(self, counter: str, reason: str) -> None:
+    def __init__(self, counter: str, reason: str, *, quiet: bool = False) -> None:
         super().__init__(f"{counter}: {reason}")
         self.counter = counter
         self.reason = reason
+        self.quiet = quiet
 
 
 @runtime_checkable

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from gateway.backends.client import BackendClient
 from gateway.domain import BackendKind
+from gateway.tokens.backend_tokenize import BackendTokenizeCounter, TokenizeEndpoints
 from gateway.tokens.chain import CounterChain
 from gateway.tokens.count import Counter
 from gateway.tokens.estimate import EstimateCounter
@@ -46,12 +47,15 @@ def build_counter_chain(
     client: BackendClient,
     settings: CountingSettings,
     llama_server_template: str | None = None,
+    endpoints: TokenizeEndpoints | None = None,
 ) -> CounterChain:
     """The chain for `model` on a backend of the given kind, asking the backend (its tokenizer, its model file)
     through `client`.
 
     `llama_server_template` is the family detected from the server's GET /props chat_template (templates.
-    detect_template); it lets the GGUF fallback render chats exactly like the server.
+    detect_template); it lets the GGUF fallback render chats exactly like the server. `endpoints` is what an
+    OpenAI-compatible backend was found to offer for counting (shared by all its models' chains; one is made when
+    none is given).
     """
     image_tokens = settings.image_tokens.get(model, settings.default_image_tokens)
     cache = CountCache(max_entries=settings.message_cache_entries, max_chars=settings.message_cache_chars)
@@ -59,6 +63,8 @@ def build_counter_chain(
     template = settings.chat_templates.get(model, llama_server_template or AUTO_TEMPLATE)
     if backend_kind is BackendKind.LLAMA_SERVER:
         counters.append(LlamaServerCounter(client, model=model))
+    elif backend_kind is BackendKind.OPENAI:
+        counters.append(BackendTokenizeCounter(endpoints or TokenizeEndpoints(client), model=model or None))
     if model in settings.gguf_paths:
         source = GGUFFileSource(settings.gguf_paths[model], cache_dir=settings.cache_dir)
         counters.append(

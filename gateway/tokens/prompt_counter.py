@@ -31,6 +31,7 @@ from gateway.tokens import (
     build_counter_chain,
     count_prompt,
 )
+from gateway.tokens.backend_tokenize import TokenizeEndpoints
 from gateway.tokens.estimate import EstimateCounter
 from gateway.tokens.llama_server_counter import probe_chat_template
 from gateway.tokens.request_count import prompt_bytes
@@ -68,6 +69,8 @@ class PromptCounter:
         self._configured = frozenset(settings.models)
         self._exact_max_bytes = int(settings.counting.exact_count_max_bytes)
         self._templates: dict[str, asyncio.Future[str | None]] = {}
+        self._endpoints: dict[str, TokenizeEndpoints] = {}
+        """Per OpenAI-compatible backend: which tokenize endpoint it has, probed once for all its models."""
         self._slow: dict[tuple[str, str], asyncio.Future[TokenCount]] = {}
         self._warm: set[tuple[str, str]] = set()
         self._budget_s = settings.counting.count_budget_s
@@ -102,7 +105,7 @@ class PromptCounter:
             if chain is None:
                 chain = build_counter_chain(
                     backend.kind, model, client=backend.client, settings=self._settings,
-                    llama_server_template=template,
+                    llama_server_template=template, endpoints=self.endpoints(backend),
                 )
                 if self._kept(backend, model):
                     self._chains[key] = chain
@@ -113,6 +116,14 @@ class PromptCounter:
                         self._warm.discard(old)
                         self._slow.pop(old, None)
         return chain
+
+    def endpoints(self, backend: Backend) -> TokenizeEndpoints:
+        """What ``backend`` offers to count with (an OpenAI-compatible server's /tokenize), one per backend."""
+        found = self._endpoints.get(backend.name)
+        if found is None:
+            found = self._endpoints[backend.name] = TokenizeEndpoints(
+                backend.client, context_tokens=backend.settings.context_tokens)
+        return found
 
     async def _server_template(self, backend: Backend) -> str | None:
         """llama-server's chat template family, asked once per backend however many requests need it at once."""

@@ -81,6 +81,9 @@ class FakeProbes:
     async def profile(self, backend: Backend, model: str) -> ModelProfile:
         raise LookupError("no profile in this test: one slot, assumed")
 
+    def on_cpu(self, backend: str, model: str) -> float | None:
+        return 0.0  # all on the GPU
+
 
 @dataclass
 class Setup:
@@ -220,6 +223,20 @@ PROMPT_CAPS = [
 ]
 
 
+@pytest.mark.parametrize("pool", [LLAMA_POOL, None], ids=["pool", "no pool"])
+async def test_an_estimate_over_the_tenant_prompt_cap_is_not_refused(pool: PoolSpec | None) -> None:
+    """The cap applies to a real count; an estimate over it whose recount is only another estimate is never refused:
+    it goes on, and the outcome's note says so (for the log and the status page)."""
+    s = setup()
+    tenant = Tenant("ci", max_prompt_tokens=PROMPT_CAP_TOKENS)
+    recount = recount_to(650, exact=False)
+    admitted = await admit(s, openai_chat(max_tokens=100), pool, estimate(600), tenant, recount)
+    assert admitted.outcome.recount == estimate(650) and len(recount.calls) == 1
+    assert any("over tenant 'ci''s max_prompt_tokens of 500; not refused on an estimate" in note
+               for note in admitted.outcome.notes), admitted.outcome.notes
+    admitted.release()
+
+
 @pytest.mark.parametrize("case", PROMPT_CAPS, ids=lambda c: c.name)
 @pytest.mark.parametrize("pool", [LLAMA_POOL, None], ids=["pool", "no pool"])
 async def test_the_tenant_prompt_cap_is_applied_to_a_real_count(case: PromptCapCase, pool: PoolSpec | None) -> None:
@@ -331,7 +348,8 @@ class TooLongCase:
 TOO_LONG = [
     TooLongCase("an estimate recounted short enough is admitted", estimate(5000), exact(1000), True, 1),
     TooLongCase("an estimate recounted still too long is refused", estimate(5000), exact(5000), False, 1),
-    TooLongCase("a recount that is only another estimate refuses", estimate(5000), estimate(1000), False, 1),
+    TooLongCase("a recount that is only another estimate is forwarded, never refused", estimate(5000),
+                estimate(1000), True, 1),
     TooLongCase("an exact count is refused without a recount", exact(5000), exact(1000), False, 0),
 ]
 
@@ -347,11 +365,17 @@ async def test_a_prompt_too_long_for_the_context_is_recounted_before_a_refusal(c
         assert (refused.value.status, refused.value.code) == (400, CONTEXT_LENGTH_EXCEEDED)
         assert "model 'm' on backend 'gpu0' has a context of 4,096 tokens" in str(refused.value)
         assert s.room.ledger.keys() == ()
-    else:
+    elif case.recount.exact:
         admitted = await admit(s, request, LLAMA_POOL, case.count, recount=recount)
         assert admitted.outcome.recount == case.recount
         assert admitted.outcome.reserved == Reserved(LLAMA_POOL.key, case.recount.tokens + 100, 1)
         assert admitted.body is request[1]
+    else:  # the estimate stands: forwarded as sent, reserving at most the context; the backend's count decides
+        admitted = await admit(s, request, LLAMA_POOL, case.count, recount=recount)
+        assert admitted.outcome.recount is None
+        assert admitted.outcome.reserved == Reserved(LLAMA_POOL.key, SLOT_CTX_TOKENS, 1)
+        assert admitted.body is request[1]  # the client's limit of 100 is under the floor: nothing rewritten
+        assert any("the backend's own count decides" in note for note in admitted.outcome.notes)
     assert len(recount.calls) == case.recounts
     assert all(call is request[0] for call in recount.calls)
 
@@ -421,6 +445,28 @@ async def test_a_chat_too_long_that_is_not_trimmed_is_refused(on_too_long: str, 
     assert s.room.ledger.keys() == ()
     if on_too_long == "reject":
         assert recount.calls == []
+
+
+@pytest.mark.parametrize(("pool", "on_too_long", "trimmed"), [
+    (OLLAMA_POOL, "trim", True),  # Ollama would cut it silently: kvgate's announced trim is the lesser change
+    (OLLAMA_POOL, "reject", False),  # never refused on an estimate: forwarded, Ollama judges
+    (LLAMA_POOL, "trim", False),  # llama-server refuses a prompt too long itself: forwarded unchanged
+], ids=["ollama-trims", "ollama-never-refuses", "llama-server-forwards"])
+async def test_a_chat_that_only_looks_too_long_is_trimmed_only_where_the_backend_would_cut_it_silently(
+    pool: PoolSpec, on_too_long: str, trimmed: bool
+) -> None:
+    s = setup(on_too_long=on_too_long)
+    recount = FakeRecount(per_message, exact=False)  # no counter can do better than an estimate
+    request = openai_chat(messages=HISTORY, max_tokens=100)
+    admitted = await admit(s, request, pool, estimate(TOKENS_PER_MESSAGE * len(HISTORY)), recount=recount)
+    body = forwarded(admitted) if admitted.body is not request[1] else request[0].body
+    if trimmed:
+        assert admitted.outcome.trim is not None and len(body["messages"]) < len(HISTORY)
+    else:
+        assert admitted.outcome.trim is None and body["messages"] == HISTORY
+        assert admitted.outcome.reserved == Reserved(pool.key, SLOT_CTX_TOKENS, 1)  # at most the context
+        assert any("the backend's own count decides" in note for note in admitted.outcome.notes)
+    admitted.release()
 
 
 # --- waiting and releasing ------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -68,18 +69,36 @@ ADMITS = [
         cost(3000, out=2000), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(max_output_tokens=1096), id="output-clamped"
     ),
     pytest.param(
-        cost(3000, exact=False, out=2000),
+        cost(2000, exact=False, out=3000),
         SPLIT,
         EMPTY,
         DEFAULT,
         4096,
-        Rewrites(max_output_tokens=796),
+        Rewrites(max_output_tokens=1896),
         id="clamp-counts-the-margin",
     ),
+    # an estimate leans high: the output is never clamped below the floor (min(default_output_tokens, ctx / 4)),
+    # and the reservation is at most the context
+    pytest.param(cost(3000, exact=False, out=2000), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(max_output_tokens=1024),
+                 id="estimate-clamp-stops-at-the-floor"),
+    pytest.param(cost(3000, exact=False, out=200), SPLIT, EMPTY, DEFAULT, 3500, Rewrites(),
+                 id="estimate-small-limit-stands"),
+    pytest.param(cost(3000, exact=False, out=2000), SPLIT, EMPTY, NO_CLAMP, 4096, Rewrites(),
+                 id="estimate-no-clamp-limit-stands"),
+    pytest.param(cost(2000, exact=False, out=3000), SPLIT, EMPTY, NO_CLAMP, 4096, Rewrites(),
+                 id="estimate-no-clamp-never-refused"),
+    pytest.param(cost(3600, exact=False, out=2000), SPLIT, EMPTY, Policy(default_output_tokens=256), 4096,
+                 Rewrites(max_output_tokens=256), id="estimate-floor-is-at-most-the-default"),
+    pytest.param(cost(9000, exact=False, out=None), SPLIT, EMPTY, Policy(estimate_is_final=True), 4096,
+                 Rewrites(max_output_tokens=1024), id="final-estimate-over-the-context-is-forwarded"),
+    pytest.param(cost(40000, exact=False, out=5000), UNIFIED, EMPTY, Policy(estimate_is_final=True), 32768,
+                 Rewrites(max_output_tokens=1024), id="final-estimate-reserves-at-most-the-context"),
+    pytest.param(cost(3000, exact=False, out=2000), SPLIT, EMPTY, Policy(per_tenant_max_share=1000), 4096,
+                 Rewrites(max_output_tokens=1024), id="estimate-over-its-share-runs-alone"),
     pytest.param(cost(4095, out=None), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(max_output_tokens=1),
                  id="longest-prompt-gets-one-token"),
-    pytest.param(cost(3722, exact=False, out=None), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(max_output_tokens=1),
-                 id="estimate-just-fits"),
+    pytest.param(cost(3722, exact=False, out=None), SPLIT, EMPTY, DEFAULT, 4096, Rewrites(max_output_tokens=1024),
+                 id="estimate-just-fits-gets-the-floor"),
     pytest.param(cost(1000), OLLAMA, EMPTY, DEFAULT, 1500, Rewrites(num_ctx=8192), id="ollama-pins-absent-num-ctx"),
     pytest.param(cost(1000, num_ctx=16384), OLLAMA, EMPTY, DEFAULT, 1500, Rewrites(num_ctx=8192), id="pin-larger"),
     pytest.param(cost(1000, num_ctx=2048), OLLAMA, EMPTY, DEFAULT, 1500, Rewrites(num_ctx=8192), id="pin-smaller"),
@@ -120,6 +139,9 @@ WAITS = [
     ),
     pytest.param(cost(10, tenant="ci"), SPLIT, busy(1, 0, ci=2), CAP_2, "tenant", "tenant 'ci' has 2 of 2", id="cap"),
     pytest.param(cost(10, tenant="ci"), SPLIT, busy(2, 0, ci=2), CAP_2, "tenant", "tenant 'ci'", id="cap-first"),
+    pytest.param(cost(3000, exact=False, tenant="ci"), SPLIT, LedgerSnapshot(1, 50, {"ci": 1}, {"ci": 50}),
+                 Policy(per_tenant_max_share=1000), "tenant", "until the tenant holds nothing else",
+                 id="estimate-over-its-share-waits-for-the-tenant"),
 ]
 
 
@@ -153,6 +175,24 @@ def test_rejects(
     assert isinstance(decision, Reject), decision
     assert (decision.status, decision.code) == (400, "context_length_exceeded")
     assert message in decision.message
+
+
+def test_an_openai_pool_is_named_by_the_model_the_client_asked_for() -> None:
+    """An OpenAI-compatible server's one pool is keyed "": messages name the client's model, never ''."""
+    pool = PoolSpec.split_pool("vllm", "", BackendKind.OPENAI, slot_ctx_tokens=4096, slots=2)
+    decision = plan(RequestCost(5000, True, None, None, model="qwen2.5-7b"), pool, EMPTY, DEFAULT)
+    assert isinstance(decision, Reject) and "model 'qwen2.5-7b' on backend 'vllm'" in decision.message
+    nameless = plan(RequestCost(5000, True, None, None), pool, EMPTY, DEFAULT)
+    assert isinstance(nameless, Reject) and "''" not in nameless.message and "backend 'vllm'" in nameless.message
+
+
+def test_estimate_notes_say_what_the_floor_is_and_why() -> None:
+    decision = plan(cost(9000, exact=False, out=None), SPLIT, EMPTY, Policy(estimate_is_final=True))
+    assert isinstance(decision, Admit)
+    note = " ".join(decision.notes)
+    assert "about 9,000 tokens (estimated; 9,900 with the safety margin)" in note
+    assert "leaves 0 of the 4,096-token context" in note and "limited to 1,024 tokens" in note
+    assert "the backend's own count decides" in note
 
 
 def test_reject_message_names_limit_value_and_remedy() -> None:
@@ -232,6 +272,7 @@ policies = st.builds(
     pin_num_ctx=st.booleans(),
     clamp_output=st.booleans(),
     per_tenant_max_active=st.none() | st.integers(1, 4),
+    estimate_is_final=st.booleans(),
 )
 
 
@@ -247,7 +288,8 @@ def test_any_admit_fits_its_sequence_and_pool(
     unpinned_ctx = pool.backend_kind == "ollama" and not policy.pin_num_ctx and request_cost.requested_num_ctx
     context_tokens = request_cost.requested_num_ctx if unpinned_ctx else pool.slot_ctx_tokens
     assert context_tokens is not None
-    assert reserved_prompt_tokens(request_cost, policy) < context_tokens
+    prompt_tokens = reserved_prompt_tokens(request_cost, policy)
+    assert prompt_tokens < context_tokens or (not request_cost.prompt_exact and policy.estimate_is_final)
     assert decision.reserve_tokens <= context_tokens * request_cost.sequences
     assert snapshot.active_sequences + request_cost.sequences <= pool.slots
     if pool.unified:
@@ -261,7 +303,22 @@ def test_any_admit_fits_its_sequence_and_pool(
     output_tokens = sent if sent is not None else request_cost.max_output_tokens
     assert output_tokens is not None
     per_sequence = decision.reserve_tokens // request_cost.sequences
-    assert reserved_prompt_tokens(request_cost, policy) + output_tokens == per_sequence
+    assert min(prompt_tokens + output_tokens, context_tokens) == per_sequence
+    if request_cost.prompt_exact:  # a count is bounded by its reservation; an estimate by the context
+        assert prompt_tokens + output_tokens == per_sequence
+
+
+@settings(max_examples=300, deadline=None)
+@given(costs, pools(), snapshots, policies)
+def test_a_final_estimate_is_never_refused_for_its_length(
+    request_cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Policy
+) -> None:
+    estimate = RequestCost(request_cost.prompt_tokens, False, request_cost.max_output_tokens,
+                           request_cost.requested_num_ctx, request_cost.tenant, sequences=request_cost.sequences)
+    decision = plan(estimate, pool, snapshot, dataclasses.replace(policy, estimate_is_final=True))
+    assert not (isinstance(decision, Reject) and decision.code in ("context_length_exceeded",
+                                                                   "tenant_share_exceeded")), decision
+
 
 
 @settings(max_examples=300, deadline=None)

@@ -4,7 +4,8 @@
   concurrent long chats straight at it fail with 500 "Context size has been exceeded."; through kvgate all four
   complete, queued one after the other.
 - The simulated Ollama: a client's different num_ctx no longer reloads the model, a prompt longer than the context
-  is refused in Ollama's format instead of silently truncated, and requests beyond num_parallel queue visibly.
+  is cut head-and-tail and said so (or, with on_too_long = "reject", refused in Ollama's format) instead of silently
+  truncated, and requests beyond num_parallel queue visibly.
 """
 
 from __future__ import annotations
@@ -104,9 +105,15 @@ async def test_ollama_num_ctx_is_pinned_and_long_prompts_refused_not_truncated(s
 
         novel = " ".join(f"w{i}" for i in range(9000))
         async with http.post(f"{url}/api/chat", json=_ollama_chat(novel, 8192)) as response:
-            assert response.status == 400
-            error = (await response.json())["error"]
-        assert "8,192 tokens per sequence" in error and "shorten it" in error
+            assert response.status == 200  # one message past the context: its head and tail kept, and said so
+            assert response.headers["X-Kvgate-Trimmed"].startswith("cut message 1 of 1 (user): kept the first ")
+            assert (await response.json())["prompt_eval_count"] <= 8192
+        assert (await _stats(http, sim))["truncated_prompts"] == 0  # never cut silently by Ollama
+    async with running_gateway([backend], admission={"on_too_long": "reject"}) as url, \
+            aiohttp.ClientSession() as http, http.post(f"{url}/api/chat", json=_ollama_chat(novel, 8192)) as response:
+        assert response.status == 400
+        error = (await response.json())["error"]
+    assert "8,192 tokens per sequence" in error and "shorten it" in error
 
 
 async def test_requests_beyond_num_parallel_queue_in_kvgate() -> None:

@@ -25,13 +25,13 @@ import orjson
 import pytest
 from aiohttp import web
 
-from gateway.admission import pools as pools_module
 from gateway.app import POOLS, create_app, start_server
 from gateway.config import load_settings
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
 from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
+from tests.support.llama_server import free_port
 from tests.support.poll import until
 
 LLAMA_SIM = SimConfig(mode="llama-server", ctx_size=2048, n_parallel=-1, load_s=0.0, time_scale=50.0,
@@ -153,25 +153,29 @@ async def _gateway_with_pools(
         await runner.cleanup()
 
 
-async def test_a_backend_down_for_a_probe_is_waited_for_not_forwarded_unaccounted(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(pools_module, "PROBE_RETRY_FIRST_S", 0.05)  # retries at 0.05, 0.1, 0.2 s ... (not 0.25 s)
+async def test_a_backend_down_for_a_probe_is_waited_for_not_forwarded_unaccounted() -> None:
+    """A backend that answered moments ago restarts: 20 requests wait for its pool (one shared probe, which waits
+    through the restart), none is forwarded unaccounted, and once it is back 4 go on and 16 queue in kvgate. (A
+    backend that never answered is down instead: 502 at once, tests/gateway/test_backend_down.py.)"""
     fake = FakeLLM(Script(chunks=2, hold_after_chunks=1))
-    async with running(fake):
-        fake_url = fake.url
-    # The backend is down now: 20 requests wait for its pool (one shared probe); it comes back within probe_wait_s.
-    backend = {"name": "cpp", "kind": "llama-server", "url": fake_url, "unified_kv": False}
-    host, port = fake_url.removeprefix("http://").split(":")
+    host, port = "127.0.0.1", free_port()
+    backend = {"name": "cpp", "kind": "llama-server", "url": f"http://{host}:{port}", "unified_kv": False}
+    first = web.AppRunner(fake.app())
+    await first.setup()
+    await web.TCPSite(first, host, port).start()
     async with _gateway_with_pools([backend], admission={"probe_wait_s": 20.0}) as (url, app), \
             aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/health") as up:
+            assert up.status == 200  # the backend answered kvgate: from now on a refusal is a restart
+        await first.cleanup()
         body = {"prompt": "hi", "n_predict": 4, "stream": True}
         requests = [asyncio.ensure_future(_post_text(http, f"{url}/completion", body)) for _ in range(20)]
-        await until(lambda: app[POOLS].probes >= 3)  # the probe failed and was retried twice while they waited
-        assert not any(r.done() for r in requests)
+        await until(lambda: app[POOLS].probes >= 1)
+        await asyncio.sleep(0.3)  # the probe is refused, and waits for the restart
+        assert not any(r.done() for r in requests) and app[POOLS].probes == 1  # one probe, shared by all 20
         runner = web.AppRunner(fake.app())
         await runner.setup()
-        await web.TCPSite(runner, host, int(port)).start()
+        await web.TCPSite(runner, host, port).start()
         try:
             await until(lambda: _queued(http, url, 16))  # all 20 accounted for: 16 wait in kvgate, 4 went on
 

@@ -79,7 +79,7 @@ async def test_a_load_that_cannot_fit_is_refused_with_the_numbers_not_relayed_as
         status, _, body = await chat(sim, "llama3.1:8b")
         assert status == 500 and "cudaMalloc failed" in body["error"]
         direct_failures = (await stats(sim))["load_failures"]
-        async with running_gateway([backend_for(sim)]) as url:
+        async with running_gateway([{**backend_for(sim), "cpu_offload": "off"}]) as url:
             rows = []
             for path, model_path in (("/api/chat", None), ("/v1/chat/completions", ("error", "message"))):
                 status, headers, body = await chat(url, "llama3.1:8b", path=path)
@@ -97,8 +97,11 @@ async def test_a_load_that_cannot_fit_is_refused_with_the_numbers_not_relayed_as
 
 async def test_the_context_is_lowered_to_the_largest_that_fits_and_announced() -> None:
     """qwen2.5:32b at its default 32768 context does not fit 24 GiB; kvgate loads it at the largest context that
-    does (a multiple of 256, above the floor), says so in a header, and pins requests to it."""
-    async with simulator() as sim, running_gateway([backend_for(sim)]) as url:
+    does (a multiple of 256, above the floor), says so in a header, and pins requests to it. With
+    ``when_gpu_full = "refuse"``, a /v1 request that would reload it at the default is refused (by default it is
+    loaded partly on the CPU instead: test_a_v1_request_at_a_default_too_big_for_the_gpu_is_offloaded)."""
+    async with simulator() as sim, running_gateway([backend_for(sim)],
+                                                   residency={"when_gpu_full": "refuse"}) as url:
         status, headers, body = await chat(url, "qwen2.5:32b")
         assert status == 200, body
         loaded = (await resident(sim))["qwen2.5:32b"]

@@ -168,23 +168,23 @@ async def test_malformed_upstream_line_passes_through_unchanged(
         ("/api/chat", lambda body: "backend 'down'" in body["error"]),
         ("/v1/chat/completions", lambda body: "backend 'down'" in body["error"]["message"]),
         ("/v1/messages", lambda body: body["type"] == "error" and "backend 'down'" in body["error"]["message"]),
-        ("/completion", lambda body: body["error"]["code"] == 503 and "backend 'down'" in body["error"]["message"]),
+        ("/completion", lambda body: body["error"]["code"] == 502 and "backend 'down'" in body["error"]["message"]),
     ],
 )
-async def test_unreachable_backend_gives_503_with_retry_after_naming_it(
+async def test_unreachable_backend_gives_502_at_once_naming_it(
     path: str, dialect_check: object, http: aiohttp.ClientSession
 ) -> None:
-    """A chat for a backend whose KV pool can't be probed is never forwarded unaccounted: after
-    ``probe_wait_s`` it is refused with 503 and Retry-After, in the route's format, naming the backend."""
-    async with running_gateway([{"name": "down", "url": "http://127.0.0.1:9"}],
-                               admission={"probe_wait_s": 0.1}) as url:
+    """A chat for a backend that refuses connections and never answered is never forwarded unaccounted, nor held
+    for ``probe_wait_s``: a 502 at once, in the route's format, naming the backend and the reason (a backend that
+    answered moments ago is waited for instead: tests/gateway/test_backend_down.py)."""
+    async with running_gateway([{"name": "down", "url": "http://127.0.0.1:9"}]) as url:
         body = {**CHAT, "prompt": "x"}
         async with http.post(f"{url}{path}", json=body) as response:
-            assert response.status == 503
-            assert int(response.headers["Retry-After"]) >= 1
+            assert response.status == 502
             payload = await response.json()
             assert callable(dialect_check) and dialect_check(payload)
-            assert "backend 'down'" in orjson.dumps(payload).decode()
+            said = orjson.dumps(payload).decode()
+            assert "backend 'down'" in said and "Connect call failed" in said and "it is down" in said
 
 
 async def test_unreachable_backend_gives_502_naming_it_on_other_routes(http: aiohttp.ClientSession) -> None:

@@ -53,5 +53,25 @@ async def test_rates_per_tenant_answer_429_with_retry_after() -> None:
         spent = sum(int(p or 0) + int(e or 0) for _, p, e in served)
         assert thin[-1][0] == 429 and spent <= 120 + int(served[-1][1] or 0) + int(served[-1][2] or 0)
         long = {**chat, "messages": [{"role": "user", "content": "word " * 400}]}
-        status, _, body = await _post(http, url, "/api/chat", "thin-key-0123456789", long)
-        assert status == 400 and "more than tenant 'thin' may send in a minute" in body["error"]
+        status, headers, body = await _post(http, url, "/api/chat", "thin-key-0123456789", long)
+        # the fake has no /api/show: an estimate, never refused for good; charged a whole minute, it waits for it
+        assert status == 429 and int(headers["Retry-After"]) >= 1, body
+
+
+async def test_a_counted_prompt_larger_than_a_minute_of_tokens_is_refused_for_good() -> None:
+    """With a real count (the simulated Ollama: the model's tokenizer from /api/show), a prompt over the tenant's
+    whole tokens per minute is a 400 naming the rate: waiting would never help."""
+    from kvsim.config import SimConfig
+    from kvsim.runner import start_sim
+    from tests.tokens.vocab_vectors import warm_sim_tokenizers
+
+    runner, sim = await start_sim(SimConfig(models=("llama3.1:8b",), load_s=0.01, time_scale=50.0,
+                                            tokenizer_cache_dir=warm_sim_tokenizers("llama3.1:8b")))
+    chat = {"model": "llama3.1:8b", "stream": False, "messages": [{"role": "user", "content": "word " * 400}]}
+    try:
+        async with running_gateway([{"name": "sim", "url": sim}], tenants=TENANTS,
+                                   counting={"count_budget_s": 30.0}) as url, aiohttp.ClientSession() as http:
+            status, _, body = await _post(http, url, "/api/chat", "thin-key-0123456789", chat)
+    finally:
+        await runner.cleanup()
+    assert status == 400 and "more than tenant 'thin' may send in a minute" in body["error"]

@@ -26,6 +26,7 @@ from gateway.admission.rates import RateLimit, RateLimiter
 from gateway.app import ADMITTER, LIVE, create_app, start_server
 from gateway.config import ConfigError, Settings, load_settings
 from gateway.reload import LiveSettings, Reloader, ReloadRefused, plan_reload
+from tests.support.exact_count import exact_counting
 from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.poll import until
 
@@ -33,6 +34,9 @@ ADMIN = "admin-secret-key"
 CHAT = {"model": "llama3.1:8b", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
 LONG_CHAT = {**CHAT, "messages": [{"role": "user", "content": "word " * 300}]}
 SECRETS = ("ci-key", "team-key", "ops-key", ADMIN, "admin-rotated-key")
+EXACT = exact_counting("llama3.1:8b")
+"""A tenant's prompt cap applies to a real count: the model is counted with its vocabulary (an estimate never
+refuses)."""
 
 
 def _config(backend_url: str, tenants: str, *, extra: str = "", admin_key: str = ADMIN) -> str:
@@ -41,6 +45,11 @@ def _config(backend_url: str, tenants: str, *, extra: str = "", admin_key: str =
 require_api_key = true
 admin_key = "{admin_key}"
 {extra}
+[counting]
+cache_dir = "{EXACT["counting"]["cache_dir"]}"
+count_budget_s = 30.0
+[models."llama3.1:8b"]
+gguf_path = "{EXACT["models"]["llama3.1:8b"]["gguf_path"]}"
 [[backends]]
 name = "vllm"
 kind = "openai"

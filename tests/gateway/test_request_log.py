@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 
 from gateway.observability.logs import JsonFormatter, RequestIdFilter
+from tests.support.exact_count import exact_counting
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
 from tests.support.poll import until
@@ -106,6 +107,7 @@ def _gateway(fake: FakeLLM, **server: Any) -> Any:
         [{"name": "gpu0", "url": fake.url, "timeouts": {"first_byte_s": 30, "idle_s": 30}}],
         server={"log_format": "json", "admin_key": ADMIN_KEY, **server},
         tenants={"team": {"api_keys": [KEY]}, "tight": {"api_keys": [TIGHT_KEY], "max_prompt_tokens": 20}},
+        **exact_counting("llama3.1:8b"),  # the cap applies to a real count
     )
 
 

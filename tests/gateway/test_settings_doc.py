@@ -23,7 +23,14 @@ def test_every_setting_has_a_row_with_its_variable_and_default() -> None:
                 "| `backend.url` | `KVGATE_BACKEND__URL` | `unset` |",
                 "| `admission.queue_order` | `KVGATE_ADMISSION__QUEUE_ORDER` | `fair` |",
                 "| `tenants.NAME.weight` | `KVGATE_TENANTS__<NAME>__WEIGHT` | `1.0` |",
-                "| `server.max_body_bytes` | `KVGATE_SERVER__MAX_BODY_BYTES` | `32.0MiB` |"):
+                "| `server.max_body_bytes` | `KVGATE_SERVER__MAX_BODY_BYTES` | `32.0MiB` |",
+                "| `residency.when_gpu_full` | `KVGATE_RESIDENCY__WHEN_GPU_FULL` | `offload` | a load that can't fit",
+                "| `residency.allow_cpu_offload` | `KVGATE_RESIDENCY__ALLOW_CPU_OFFLOAD` | `unset` | deprecated: use "
+                "when_gpu_full",
+                "| `backends[].cpu_offload` | (in the list's JSON) | `auto` | Ollama: whether it loads a model too big",
+                "| `admission.probe_wait_s` | `KVGATE_ADMISSION__PROBE_WAIT_S` | `10.0` | how long requests wait for a "
+                "backend's KV layout before a 503; a backend that refuses connections and answered nothing this long "
+                "is down: 502 at once"):
         assert row in table
 
 

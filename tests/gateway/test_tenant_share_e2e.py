@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from tests.support.exact_count import exact_counting
 from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
 from tests.support.poll import until
@@ -43,7 +44,8 @@ async def _waiting(http: aiohttp.ClientSession, url: str) -> list[dict[str, Any]
 
 async def test_a_tenant_at_its_share_waits_while_another_is_admitted() -> None:
     fake = FakeLLM(Script(chunks=2, hold_after_chunks=1))
-    async with running(fake), running_gateway([BACKEND | {"url": fake.url}], tenants=TENANTS) as url, \
+    async with running(fake), running_gateway([BACKEND | {"url": fake.url}], tenants=TENANTS,
+                                              **exact_counting("llama3.1:8b")) as url, \
             aiohttp.ClientSession() as http:
         holder = asyncio.ensure_future(_post(http, url, _chat(3000, stream=True), A))
         await until(lambda: fake.requests_to("/v1/chat/completions"))

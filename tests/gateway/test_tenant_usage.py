@@ -14,6 +14,7 @@ from gateway.admission.errors import AdmissionRejected, client_closed, queue_ful
 from gateway.admission.types import PoolKey
 from gateway.errors import BadRequest, InvalidField, LoadRefused, Unauthorized
 from gateway.observability.tenant_usage import TenantUsage, refusal_reason
+from tests.support.exact_count import exact_counting
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
 
@@ -59,7 +60,7 @@ async def test_usage_per_tenant_agrees_with_what_was_sent_and_reported() -> None
     sent: dict[str, Counter[str]] = {"a": Counter(), "b": Counter()}
     async with running(FakeLLM()) as fake, running_gateway(
         [{"name": "b", "url": fake.url}], tenants=TENANTS,
-        server={"require_api_key": True, "admin_key": "s3cret-admin"},
+        server={"require_api_key": True, "admin_key": "s3cret-admin"}, **exact_counting(MODEL),
     ) as url, aiohttp.ClientSession() as http:
         plan = [("a", "a-key", _requests(False) + _requests(True)), ("b", "b-key", _requests(True))]
         for tenant, key, requests in plan:

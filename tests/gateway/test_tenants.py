@@ -12,8 +12,12 @@ import orjson
 import pytest
 
 from gateway.config import ConfigError, load_settings
+from tests.support.exact_count import exact_counting
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
+
+EXACT = exact_counting("llama3.1:8b")
+"""The caps apply to a real count (an estimate is never refused): the model is counted with its vocabulary."""
 
 TENANTS = {
     "ci": {"api_keys": ["ci-key-1"], "max_prompt_tokens": 50, "max_output_tokens": 128},
@@ -25,7 +29,7 @@ CHAT = {"model": "llama3.1:8b", "stream": False, "messages": [{"role": "user", "
 @pytest.fixture
 async def gateway() -> AsyncIterator[tuple[str, FakeLLM]]:
     async with running(FakeLLM()) as fake, running_gateway(
-        [{"name": "b", "url": fake.url}], tenants=TENANTS, server={"require_api_key": True}
+        [{"name": "b", "url": fake.url}], tenants=TENANTS, server={"require_api_key": True}, **EXACT
     ) as url:
         yield url, fake
 
@@ -132,7 +136,7 @@ ERROR_TYPES = {"ollama": None, "openai": ("authentication_error", "invalid_api_k
 async def open_gateway() -> AsyncIterator[tuple[str, FakeLLM]]:
     """Tenants with keys (one plain, one hashed) and an anonymous policy; keys are not required."""
     async with running(FakeLLM()) as fake, running_gateway(
-        [{"name": "b", "url": fake.url}], tenants=OPEN_TENANTS
+        [{"name": "b", "url": fake.url}], tenants=OPEN_TENANTS, **EXACT
     ) as url:
         yield url, fake
 
@@ -192,7 +196,8 @@ async def test_a_hashed_key_names_its_tenant_and_stays_in_kvgate(
 
 async def test_allow_unknown_keys_runs_them_as_anonymous_without_forwarding_them() -> None:
     tenants = {**OPEN_TENANTS, "anonymous": {**OPEN_TENANTS["anonymous"], "allow_unknown_keys": True}}
-    async with running(FakeLLM()) as fake, running_gateway([{"name": "b", "url": fake.url}], tenants=tenants) as url:
+    async with running(FakeLLM()) as fake, running_gateway([{"name": "b", "url": fake.url}], tenants=tenants,
+                                                                **EXACT) as url:
         for path in ("/api/chat", "/v1/chat/completions"):
             status, _ = await _post(f"{url}{path}", CHAT, {"Authorization": "Bearer sk-not-kvgates"})
             assert status == 200
@@ -204,7 +209,8 @@ async def test_allow_unknown_keys_runs_them_as_anonymous_without_forwarding_them
 
 async def test_without_tenant_keys_the_anonymous_caps_apply_and_keys_go_to_the_backend() -> None:
     tenants = {"anonymous": OPEN_TENANTS["anonymous"]}
-    async with running(FakeLLM()) as fake, running_gateway([{"name": "b", "url": fake.url}], tenants=tenants) as url:
+    async with running(FakeLLM()) as fake, running_gateway([{"name": "b", "url": fake.url}], tenants=tenants,
+                                                                **EXACT) as url:
         status, _ = await _post(f"{url}/v1/chat/completions", CHAT, {"Authorization": "Bearer sk-for-the-backend"})
         assert status == 200 and fake.seen[-1].headers["Authorization"] == "Bearer sk-for-the-backend"
         long_chat = {**CHAT, "messages": [{"role": "user", "content": "word " * 100}]}

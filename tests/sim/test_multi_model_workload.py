@@ -34,8 +34,9 @@ def config() -> SimConfig:
 def _front(config: SimConfig) -> KvgateInFront:
     """kvgate as the demo runs it, on a compressed timeline: a model stays at least 5 ms (2 simulated s) before it
     may be unloaded for another; a load waits at most 0.5 s for room; kvgate's tokenizers from the run's counting
-    cache (tests/conftest.py converts them before a large run)."""
-    return KvgateInFront(residency={"min_resident_s": 2.0 / TIME_SCALE, "load_wait_s": 0.5})
+    cache (tests/conftest.py converts them before a large run). The simulator runs this workload with llama.cpp's
+    fit off (multi_model.py: a load that does not fit fails), and kvgate is told so."""
+    return KvgateInFront(residency={"min_resident_s": 2.0 / TIME_SCALE, "load_wait_s": 0.5}, cpu_offload="off")
 
 
 def _window(report: RunReport) -> list[Outcome]:

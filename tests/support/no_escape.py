@@ -12,6 +12,11 @@ that cell, sized to overrun the backend's KV pool when sent straight at it. Each
   error event inside a stream, a stream that ends without its final event, or a timeout. A prompt that Ollama
   truncated silently (a 200 with a short ``prompt_eval_count``) is counted by the caller from the simulator's
   ``truncated_prompts`` counter, which sees every cut.
+
+One exception (issue 22: an estimate never refuses): a prompt kvgate could only estimate (``X-Kvgate-Counter``
+says ``estimate``: infill's FIM tokens) is forwarded for the backend to judge, so its 400 ``exceed_context_size_error``
+for a prompt that alone is past the context is the backend's clear refusal in the route's own format, counted as
+``refused``; a 500, or a context error on a counted prompt, is still a failure.
 """
 
 from __future__ import annotations
@@ -319,9 +324,11 @@ def _classify_stream(route: str, raw: bytes) -> tuple[str, str]:
     return ("ok", "") if ok else ("failed", f"stream ended without its final event ({len(events)} events)")
 
 
-def classify(route: str, stream: bool, status: int, raw: bytes) -> tuple[str, str]:
-    """(outcome, reason) of one reply; see the module docstring."""
+def classify(route: str, stream: bool, status: int, raw: bytes, counter: str = "") -> tuple[str, str]:
+    """(outcome, reason) of one reply (``counter``: kvgate's X-Kvgate-Counter, if any); see the module docstring."""
     text = raw.decode("utf-8", "replace")
+    if status == 400 and counter.endswith("estimate") and "exceed_context_size_error" in text:
+        return "refused", f"{status} the backend's own, for a prompt kvgate could only estimate: {text[:100]}"
     if status == 200:
         if stream and (route.startswith("/api/") or not text.lstrip().startswith("{")):
             return _classify_stream(route, raw)
@@ -346,7 +353,8 @@ async def post_one(
     try:
         async with asyncio.timeout(timeout_s), http.post(url + route, json=body) as response:
             raw = await response.read()
-            outcome, reason = classify(route, bool(body.get("stream")), response.status, raw)
+            outcome, reason = classify(route, bool(body.get("stream")), response.status, raw,
+                                       response.headers.get("X-Kvgate-Counter", ""))
             return outcome, reason
     except TimeoutError:
         return "failed", f"no complete reply within {timeout_s:.0f} s"

@@ -305,7 +305,7 @@ async def test_factory_orders_counters_per_backend_kind(tmp_path: Path) -> None:
         "estimate",
     ]
     assert [c.name for c in ollama.counters] == ["gguf", "tiktoken:o200k_base", "estimate"]
-    assert [c.name for c in openai.counters] == ["tiktoken:o200k_base", "estimate"]
+    assert [c.name for c in openai.counters] == ["backend", "tiktoken:o200k_base", "estimate"]  # its /tokenize first
 
 
 async def test_probe_chat_template_reads_props_and_tolerates_failures() -> None:

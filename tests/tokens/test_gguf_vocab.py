@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 import pytest
+from tokenizers import Tokenizer
 
 from gateway.gguf import GgufFormatError, read_gguf_metadata
 from gateway.tokens.gguf_vocab import (
@@ -81,7 +82,8 @@ def test_ollama_model_info_json_round_trip() -> None:
 
 
 def test_special_tokens_are_parsed_unless_disabled() -> None:
-    tokenizer = load_gguf_tokenizer(vocab_path("llama-bpe"), cache_dir=SESSION_CACHE_DIR)  # a new object: mutable
+    # a copy: the cache hands every loader of one file the same object in a process (tokenizer_cache._LOADED)
+    tokenizer = Tokenizer.from_str(load_gguf_tokenizer(vocab_path("llama-bpe"), cache_dir=SESSION_CACHE_DIR).to_str())
     text = "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
     assert tokenizer.encode(text, add_special_tokens=False).ids == [128006, 882, 128007, 271, 13347, 128009]
     tokenizer.encode_special_tokens = True

@@ -9,7 +9,7 @@ from typing import Any, cast
 import pytest
 
 from gateway.backends import Backend
-from gateway.backends.client import BackendClient
+from gateway.backends.client import BackendClient, BackendStatusError
 from gateway.config import load_settings
 from gateway.dialects import parse
 from gateway.domain import Dialect, Operation, ParsedRequest
@@ -20,12 +20,23 @@ LISTED = "listed-model"
 CONFIGURED = "configured-model"
 
 
+class NoTokenizeClient:
+    """The backend's client, for a server without a tokenize endpoint (its /tokenize answers 404)."""
+
+    label = "backend 'api'"
+
+    async def post_json(self, path: str, body: Any, *, timeout_s: float | None = None) -> dict[str, Any]:
+        error = BackendStatusError(f"POST {path} on backend 'api' answered HTTP 404: Not Found")
+        error.backend_status = 404
+        raise error
+
+
 def setup(**counting: Any) -> tuple[PromptCounter, Backend]:
     settings = load_settings(
         None, backends=[{"name": "api", "kind": "openai", "url": "http://127.0.0.1:9"}],
         models={CONFIGURED: {"gguf_path": str(VOCAB / "ggml-vocab-llama-bpe.gguf")}}, counting=counting,
     )
-    backend = Backend(settings.backends[0], cast(BackendClient, None), models=frozenset({LISTED}))
+    backend = Backend(settings.backends[0], cast(BackendClient, NoTokenizeClient()), models=frozenset({LISTED}))
     return PromptCounter(settings), backend
 
 

@@ -71,7 +71,10 @@ def shared_tokenizer(vocab: str) -> tokenizers.Tokenizer:
 @functools.cache
 def vector_tokenizer(vocab: str) -> tokenizers.Tokenizer:
     """The converted tokenizer with special-token parsing off, as the vectors were made (parse_special=false)."""
-    tokenizer = load_gguf_tokenizer(vocab_path(vocab), cache_dir=SESSION_CACHE_DIR)
+    # a copy to change: the cache hands every loader of one file the same object (tokenizer_cache._LOADED), and
+    # shared_tokenizer's, kvgate's own in-process counts, parse special tokens
+    shared = load_gguf_tokenizer(vocab_path(vocab), cache_dir=SESSION_CACHE_DIR)
+    tokenizer = tokenizers.Tokenizer.from_str(shared.to_str())
     tokenizer.encode_special_tokens = True
     return tokenizer
 
