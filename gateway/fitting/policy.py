@@ -49,8 +49,10 @@ class FitPolicy:
         return tuple(tried)
 
     def without_summaries(self) -> FitPolicy:
-        """The policy of kvgate's own summary requests: never summarized themselves, and no notice in the summary."""
-        return replace(self, remedies=tuple(r for r in self.remedies if r != "summarize"), notice=False)
+        """The policy of kvgate's own summary requests: never summarized or cut themselves (a summary of a transcript
+        cut in the middle would leave its middle out without saying so: the request is refused, and the summary falls
+        back as for any failure, ``too_long``), and no notice in the summary."""
+        return replace(self, remedies=("refuse",), notice=False)
 
 
 def _apply(policy: FitPolicy, overrides: FittingOverrides) -> FitPolicy:
