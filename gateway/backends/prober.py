@@ -107,12 +107,16 @@ class OllamaProber(_Prober):
         show: dict[str, Any] = await self._call("POST", "/api/show", {"model": model, "verbose": verbose})
         return show
 
-    async def load(self, model: str, num_ctx: int | None) -> None:
-        """Ollama's load request: /api/generate with no prompt loads the model and answers once it is loaded."""
+    async def load(self, model: str, num_ctx: int | None, *, embedding: bool = False) -> None:
+        """Ollama's load request: /api/generate with no prompt loads the model and answers once it is loaded; an
+        embedding model (which answers /api/generate with 400 "does not support generate") loads on an /api/embed
+        with no input."""
         body: dict[str, Any] = {"model": model, "stream": False}
+        if embedding:
+            body = {"model": model, "input": []}
         if num_ctx is not None:
             body["options"] = {"num_ctx": num_ctx}
-        await self._call("POST", "/api/generate", body)
+        await self._call("POST", "/api/embed" if embedding else "/api/generate", body)
 
     async def unload(self, model: str) -> None:
         """Ollama's unload request (what `ollama stop` sends): keep_alive 0 and no prompt; the model goes now if idle,

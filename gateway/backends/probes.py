@@ -65,9 +65,10 @@ class BackendProbes:
             ollama = self._ollama[backend.name] = OllamaProber(backend.client)
         return ollama
 
-    async def load_model(self, backend: Backend, model: str, num_ctx: int | None) -> None:
-        """Ollama: load the model (an empty /api/generate), at ``num_ctx`` or at Ollama's own default."""
-        await self._ollama_prober(backend).load(model, num_ctx)
+    async def load_model(self, backend: Backend, model: str, num_ctx: int | None, *, embedding: bool = False) -> None:
+        """Ollama: load the model (an empty /api/generate; an embedding model: an empty /api/embed), at ``num_ctx``
+        or at Ollama's own default."""
+        await self._ollama_prober(backend).load(model, num_ctx, embedding=embedding)
 
     async def unload_model(self, backend: Backend, model: str) -> None:
         """Ollama: unload the model (keep_alive 0)."""
