@@ -56,8 +56,11 @@ The rules, in the order they are applied:
    it holds ``min(prompts, slots // n)`` tasks' worth, the longest ones (whichever run at once, they hold no more),
    for the whole response, so nothing else is admitted into the slots the deferred tasks will take. Admitting only
    what can run at once is not possible: the server, not kvgate, starts the batch's tasks, all of them, in its
-   slots. So on a unified pool the tasks that run at once must fit together, else the batch is refused (it would
-   overrun the pool alone) with how many prompts fit at once.
+   slots. So on a unified pool the sequences that run at once (a batch's, or ``n`` completions of one prompt) must
+   fit together: the output limit kvgate sets when none was given, or its clamp (``clamp_output``), is lowered to
+   what each may hold for all of them to fit beside their prompts (a note says so); when even their prompts
+   overrun the pool, or a limit is not to be clamped, the request is refused, saying how many prompts fit at once
+   (alone it would fail every active request on the server).
 5. Tenant share. ``per_tenant_max_share`` caps the tokens one tenant's reservations may hold in the pool at once,
    on top of ``per_tenant_max_active`` (which counts sequences). It is resolved against this pool here, so one
    policy serves pools of any size:
@@ -117,10 +120,11 @@ def plan(cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Po
         return _prompt_too_long(cost, pool, prompt_tokens, context.tokens, longest)
     share_tokens = tenant_share_tokens(policy.per_tenant_max_share, pool)
     sequences = held_sequences(cost, pool)
-    output = _fit_output(cost, pool, policy, prompt_tokens, context.tokens, share_tokens, sequences)
+    running = sorted(prompts, reverse=True)[: sequences // cost.sequences]
+    together = _together_room(cost, pool, running, sequences)
+    output = _fit_output(cost, pool, policy, prompt_tokens, context.tokens, share_tokens, sequences, together)
     if isinstance(output, Reject):
         return output
-    running = sorted(prompts, reverse=True)[: sequences // cost.sequences]
     reserve_tokens = sum(p + output.tokens for p in running) * cost.sequences
     too_many = _too_many_sequences(cost, pool, policy, reserve_tokens, sequences, output.tokens)
     if too_many is not None:
@@ -189,12 +193,40 @@ def _context(cost: RequestCost, pool: PoolSpec, policy: Policy) -> _Fit:
     return _Fit(asked, None, (f"{asked_vs_loaded}; pin_num_ctx is off, so the model reloads",))
 
 
+def _together_room(cost: RequestCost, pool: PoolSpec, running: list[int], sequences: int) -> int | None:
+    """On a unified pool, the output each of a request's several sequences may reserve so that all that run at once
+    fit the pool beside their prompts (None for one sequence, or a split pool, where each has its own slot)."""
+    if not pool.unified or sequences < 2:
+        return None
+    return (pool.pool_tokens - sum(running) * cost.sequences) // sequences
+
+
 def _fit_output(
+    cost: RequestCost, pool: PoolSpec, policy: Policy, prompt_tokens: int, context_tokens: int,
+    share_tokens: int | None, sequences: int, together: int | None,
+) -> _Fit | Reject:
+    """The output every sequence may generate; ``prompt_tokens`` is the (longest) prompt's, ``sequences`` how many
+    the request holds at once, ``together`` what each may have for all of them to fit a unified pool at once (a
+    limit kvgate chooses, or a clamp, stays within it; below 1 token, or without ``clamp_output``, rule 4 refuses)."""
+    fit = _fit_alone(cost, pool, policy, prompt_tokens, context_tokens, share_tokens, sequences)
+    asked = cost.max_output_tokens
+    if isinstance(fit, Reject) or together is None or not 1 <= together < fit.tokens:
+        return fit
+    if asked is not None and not policy.clamp_output:
+        return fit  # rule 4 refuses it, saying how many prompts fit at once
+    what = f"{len(cost.prompts)} prompts" if cost.batch_prompt_tokens else "its prompt"
+    fits = f"the {sequences} sequences that run at once ({what}, {cost.sequences} completion(s) each) fit the " \
+           f"{pool.pool_tokens:,}-token shared pool of {_where(pool)} with {together:,} each"
+    if asked is None:
+        return _Fit(together, together, (f"no output limit given; set to {together:,} tokens: {fits}",))
+    return _Fit(together, together, (f"max output {asked:,} tokens requested; {fits}; clamped to {together:,}",))
+
+
+def _fit_alone(
     cost: RequestCost, pool: PoolSpec, policy: Policy, prompt_tokens: int, context_tokens: int,
     share_tokens: int | None, sequences: int,
 ) -> _Fit | Reject:
-    """The output every sequence may generate; ``prompt_tokens`` is the (longest) prompt's, ``sequences`` how many
-    the request holds at once."""
+    """The output one sequence may generate in its context (rule 3)."""
     room_tokens = context_tokens - prompt_tokens
     asked = cost.max_output_tokens
     if asked is None:

@@ -44,6 +44,14 @@ ADMITS = [
     pytest.param(batch(100, 100, out=100), UNIFIED, LedgerSnapshot(2, 7792), DEFAULT, 400, 2, Rewrites(),
                  id="exactly-fills-the-pool"),
     pytest.param(batch(*[100] * 10, out=100), SPLIT, EMPTY, DEFAULT, 800, 4, Rewrites(), id="split-ten-prompts"),
+    pytest.param(batch(1800, 1800, 1800, 1800, out=500), UNIFIED, EMPTY, DEFAULT, 8192, 4,
+                 Rewrites(max_output_tokens=248), id="clamped-so-the-batch-fits-the-pool-together"),
+    pytest.param(batch(1800, 1800, 1800, 1800, out=None), UNIFIED, EMPTY, DEFAULT, 8192, 4,
+                 Rewrites(max_output_tokens=248), id="no-limit-set-so-the-batch-fits-together"),
+    pytest.param(batch(*[1800] * 9, out=200), UNIFIED, EMPTY, DEFAULT, 8000, 4, Rewrites(),
+                 id="past-the-slots-fits-as-asked"),
+    pytest.param(RequestCost(3000, True, 2000, None, sequences=2), UNIFIED, EMPTY, DEFAULT, 8192, 2,
+                 Rewrites(max_output_tokens=1096), id="n2-clamped-to-fit-together"),
 ]
 
 
@@ -94,12 +102,12 @@ REJECTS = [
                  id="estimate-too-long"),
     pytest.param(batch(100, 1800, out=500), SPLIT, Policy(clamp_output=False), "context_length_exceeded",
                  "prompt[1] of the batch of 2 is 1,800 tokens and max output is 500 tokens", id="no-clamp"),
-    pytest.param(batch(1800, 1800, 1800, 1800, out=500), UNIFIED, DEFAULT, "too_many_sequences",
+    pytest.param(batch(1800, 1800, 1800, 1800, out=500), UNIFIED, Policy(clamp_output=False), "too_many_sequences",
                  "the batch of 4 prompts runs 4 sequences at once on model 'tiny' on backend 'cpp'; together they need "
                  "9,200 tokens and the shared pool of model 'tiny' on backend 'cpp' holds 8,192; send at most 3 "
-                 "prompts per request", id="what-runs-at-once-overruns-the-pool"),
-    pytest.param(batch(*[1800] * 8, out=500), UNIFIED, DEFAULT, "too_many_sequences", "send at most 3 prompts",
-                 id="eight-prompts-four-at-once-overrun"),
+                 "prompts per request", id="what-runs-at-once-overruns-the-pool-unclamped"),
+    pytest.param(batch(*[2100] * 8, out=500), UNIFIED, DEFAULT, "too_many_sequences", "send at most 3 prompts",
+                 id="the-prompts-that-run-at-once-overrun-alone"),
     pytest.param(batch(10, 10, 10), UNIFIED, Policy(per_tenant_max_active=2), "too_many_sequences",
                  "tenant 'default' may run at most 2 sequences at once; send at most 2 prompts per request",
                  id="tenant-max-active-per-prompt"),
@@ -118,6 +126,14 @@ def test_batches_rejected(request_cost: RequestCost, pool: PoolSpec, policy: Pol
     assert (decision.status, decision.code) == (400, code)
     assert message in decision.message, decision.message
     assert plan(request_cost, pool, EMPTY, policy) == decision  # never because of what runs now
+
+
+def test_a_clamp_to_fit_the_pool_together_says_why() -> None:
+    decision = plan(batch(1800, 1800, 1800, 1800, out=500), UNIFIED, EMPTY, DEFAULT)
+    assert isinstance(decision, Admit)
+    assert decision.notes == ("max output 500 tokens requested; the 4 sequences that run at once (4 prompts, 1 "
+                              "completion(s) each) fit the 8,192-token shared pool of model 'tiny' on backend 'cpp' "
+                              "with 248 each; clamped to 248",)
 
 
 def test_a_batch_of_one_is_one_prompt() -> None:
