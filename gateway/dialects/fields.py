@@ -152,10 +152,19 @@ def output_limit(
     return OutputLimit(None if unlimited else max(values), tuple(present), write_to)
 
 
-def sequences(body: dict[str, Any], keys: tuple[str, ...]) -> int:
-    """How many completions the body asks for (OpenAI ``n``, llama-server ``n_cmpl``); 1 when not given."""
+def sequences(body: dict[str, Any], keys: tuple[str, ...], *, strict: bool = True) -> int:
+    """How many completions the body asks for (OpenAI ``n``, llama-server ``n_cmpl``); 1 when not given. Not
+    ``strict`` (a route several kinds of backend serve: Ollama ignores ``n``, the others answer their own 400), a
+    value that is no positive integer counts as 1 and is left to the backend."""
     asked = 1
     for key in keys:
+        if not strict:
+            value = body.get(key)
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+                asked = max(asked, value)
+            continue
         value = optional_int(body, key)
         if value is None:
             continue

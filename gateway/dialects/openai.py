@@ -61,7 +61,7 @@ def parse(operation: Operation, body: dict[str, Any], *, path: str = "") -> Pars
         body=body,
         prompt_input=prompt_input,
         output=output,
-        sequences=fields.sequences(body, ("n", "n_cmpl")) if generates else 1,
+        sequences=fields.sequences(body, ("n", "n_cmpl"), strict=False) if generates else 1,
         allocates_kv=generates or operation is Operation.EMBED,
     )
 

@@ -10,6 +10,7 @@ from gateway.admission.admit import request_cost
 from gateway.admission.sequence_rules import RULES, completions_run, ignored_n_note, reserves_kv
 from gateway.admission.tenants import Tenant
 from gateway.domain import BackendKind, Dialect, Operation
+from gateway.errors import InvalidField
 from gateway.tokens import TokenCount
 
 OLLAMA = PoolSpec.split_pool("o", "llama3.1:8b", BackendKind.OLLAMA, slot_ctx_tokens=8192, slots=2)
@@ -55,3 +56,14 @@ def test_a_batch_costs_each_prompt_and_an_embedding_no_output() -> None:
     embed = dialects.parse(Dialect.OPENAI, Operation.EMBED, {"input": "a"}, "/v1/embeddings")
     cost = request_cost(embed, LLAMA, TokenCount(2, "x", True, per_prompt=(2,)), Tenant("t"), None)
     assert (cost.batch_prompt_tokens, cost.max_output_tokens, cost.prompt_tokens) == ((), 0, 2)
+
+
+@pytest.mark.parametrize(("n", "lenient"), [(None, 1), (2, 2), (2.0, 2), (0, 1), (-3, 1), ("2", 1), (True, 1)])
+def test_n_on_the_openai_routes_is_left_to_the_backend(n: object, lenient: int) -> None:
+    """/v1 routes reach Ollama (which ignores ``n``) as well as servers that answer their own 400 for a bad one:
+    kvgate reserves what a valid ``n`` runs and refuses nothing; llama-server's own routes refuse what it refuses."""
+    body = {**CHAT, "n": n}
+    assert dialects.parse(Dialect.OPENAI, Operation.CHAT, body, "/v1/chat/completions").sequences == lenient
+    if n in (0, -3):
+        with pytest.raises(InvalidField, match="field 'n' must be at least 1"):
+            dialects.parse(Dialect.LLAMACPP, Operation.GENERATE, {"prompt": "x", "n": n}, "/completion")
