@@ -181,8 +181,8 @@ class Admitter:
     async def hold_model(self, backend: Backend, model: str | None) -> Claim | NoClaim:
         """For a request that reserves no KV (an embedding on Ollama, ``sequence_rules``): its model loaded through
         the GPU check when it is not resident (``LoadGate.ensure_loaded``), then held resident while it runs."""
-        if self._loads is None or not model or not self._loads.applies(backend):
-            return NO_CLAIM
+        if not self._config.enabled or self._loads is None or not model or not self._loads.applies(backend):
+            return NO_CLAIM  # admission off: loads are not gated for a chat either (pool_for is not asked)
         try:
             await self._loads.ensure_loaded(backend, model)
         except ProbeError as exc:  # /api/ps can't be read: the request goes on, and meets the backend's own answer
