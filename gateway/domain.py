@@ -28,6 +28,7 @@ class Operation(StrEnum):
     RESPONSES = "responses"
     INFILL = "infill"
     EMBED = "embed"
+    RERANK = "rerank"
     TOKENIZE = "tokenize"
     COUNT = "count"
     MODEL_INFO = "model_info"
@@ -49,6 +50,9 @@ FieldPath = tuple[str, ...]
 
 KV_OPERATIONS = frozenset({Operation.CHAT, Operation.GENERATE, Operation.RESPONSES, Operation.INFILL})
 """Operations whose requests allocate KV cells for a sequence (a prompt and its output)."""
+NO_OUTPUT_OPERATIONS = frozenset({Operation.EMBED, Operation.RERANK})
+"""Operations that run their inputs and generate nothing: each input holds a slot (and, on llama-server, the KV cells
+of its tokens) while it runs, and no output is reserved for it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +76,19 @@ class Prompt:
     """What a backend turns into prompt tokens, normalized by the dialect: a chat (the messages its template sees,
     system prompts included, and OpenAI-shaped tools) or a text prompt (a string, token ids, a mix, or a list of
     them). ``exact_shape`` is False when the dialect could only approximate what the backend renders (infill's
-    FIM tokens, Responses items it does not know): a count of it is an estimate."""
+    FIM tokens, Responses items it does not know): a count of it is an estimate.
+
+    ``batch`` holds the prompts of a request the backend runs as several tasks, one sequence each (a multi-prompt
+    completion ``"prompt": [a, b, c]``, an embedding of a list of inputs, a rerank's documents), each counted on its
+    own; empty for a request of one prompt. ``extra_tokens`` are tokens the backend adds that the text does not show
+    (the separators llama-server puts between a rerank's query and document)."""
 
     messages: tuple[dict[str, Any], ...] | None = None
     text: Any = None
     tools: tuple[dict[str, Any], ...] = ()
     exact_shape: bool = True
+    batch: tuple[Prompt, ...] = ()
+    extra_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +97,9 @@ class ParsedRequest:
 
     ``messages`` is the body's own ``messages`` array (what trimming may shorten); ``prompt_input`` is what the
     backend will tokenize, in one shape for every dialect; ``num_ctx_field`` is where the body can carry a context
-    size (Ollama's native routes only); ``sequences`` is how many completions one request asks for (``n``).
+    size (Ollama's native routes only); ``sequences`` is how many completions the client asks for per prompt
+    (``n``), whether or not the backend runs them (``admission.sequence_rules``); ``allocates_kv`` says the request
+    runs sequences on the backend (a prompt, an embedding input), so it is routed and admitted.
     """
 
     dialect: Dialect

@@ -38,6 +38,7 @@ from gateway.admission import AdmissionRejected
 from gateway.admission.admit import Admitter
 from gateway.admission.outcome import AdmissionOutcome, response_headers
 from gateway.admission.rates import RateLimit
+from gateway.admission.sequence_rules import reserves_kv
 from gateway.admission.shared.rates import TenantRates
 from gateway.admission.tenants import Tenant
 from gateway.admission.types import PoolKey
@@ -66,7 +67,7 @@ from gateway.observability.request_log import logged_content, request_fields
 from gateway.observability.tenant_usage import UNIDENTIFIED, refusal_reason
 from gateway.observability.usage import UsageObserver
 from gateway.reload import LiveSettings
-from gateway.reply_checks import ReplyChecks
+from gateway.reply_checks import ReplyChecks, usage_counts_prompt
 from gateway.routes import FALLBACK, Handling, Route, fallback_dialect
 from gateway.routing import ROUTE_HEADER, BackendFailed, RouteCollector, RoutePlan, Router
 from gateway.streaming import relay
@@ -278,6 +279,9 @@ class Proxy:
         """Admit the request on ``backend``'s pool and forward it; raises BackendFailed when the backend failed
         before anything was sent to the client (its permit released: another backend may take the request)."""
         model = await self._registry.target_model(backend, parsed.model)
+        if not reserves_kv(backend.kind, parsed.operation):  # an embedding on Ollama: its model's load is gated
+            return await self._serve_unreserved(request, raw, dialect, request_id, tenant, trace, backend, model,
+                                                plan, route_headers)
         try:
             pool = await self._admitter.pool_for(backend, model)
         except (BackendNotReady, BackendUnavailable) as exc:  # BackendDown: refused at once, it is not up
@@ -289,7 +293,7 @@ class Proxy:
         claim = self._admitter.claim(backend, pool)  # the model is not unloaded under this request
         try:
             count = trace.count = await self._counter.count(parsed, backend, model)
-            observer = UsageObserver() if count is not None else None  # every counted reply: truncation check
+            observer = UsageObserver() if usage_counts_prompt(parsed, count) else None  # truncation check
             if not plan.retrying:  # the tenant's rate is taken once per request, not once per backend tried
                 await self._take_rate(tenant, count)
             trace.admitting = True
@@ -322,6 +326,23 @@ class Proxy:
                 await self._rates.settle(tenant.name, tenant.rate, trace.output_tokens or 0, time.monotonic())
                 await self._checks.observe(parsed, backend, admitted.outcome, observer.prompt_tokens(), model)
             return response
+        finally:
+            claim.release()
+
+    async def _serve_unreserved(
+        self, request: web.Request, raw: bytes, dialect: Dialect, request_id: str, tenant: Tenant, trace: _Trace,
+        backend: Backend, model: str | None, plan: RoutePlan, route_headers: dict[str, str],
+    ) -> web.StreamResponse:
+        """A request that holds no KV reservation on its backend: its model is loaded through the GPU check when not
+        resident, and held resident until the response ends."""
+        trace.model = model or "-"
+        if not plan.retrying:
+            await self._take_rate(tenant, None)
+        claim = await self._admitter.hold_model(backend, model)
+        try:
+            return await self._forward(request, backend, raw, dialect, request_id, route_headers)
+        except (BackendUnavailable, BackendTimeout) as exc:  # nothing was sent: another backend may take it
+            raise BackendFailed(backend, exc) from None
         finally:
             claim.release()
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from gateway.admission.outcome import AdmissionOutcome
 from gateway.backends import Backend
-from gateway.domain import BackendKind, ParsedRequest
+from gateway.domain import NO_OUTPUT_OPERATIONS, BackendKind, Operation, ParsedRequest
 from gateway.observability import truncation
 from gateway.observability.logs import request_id_var, sanitize
 from gateway.observability.metrics import Metrics, record_truncation
@@ -21,6 +21,15 @@ from gateway.tokens import TokenCount
 from gateway.tokens.prompt_counter import ESTIMATE_COUNTER, PromptCounter
 
 log = logging.getLogger("gateway.proxy")  # the request path's logger, as before this left proxy.py
+
+
+def usage_counts_prompt(parsed: ParsedRequest, count: TokenCount | None) -> bool:
+    """Whether the reply's usage reports the whole prompt kvgate counted (checked for a silent truncation): not for
+    a multi-prompt completion (llama-server reports its first prompt's usage) nor a rerank (llama-server wraps each
+    pair in tokens kvgate does not see)."""
+    if count is None or parsed.operation is Operation.RERANK:
+        return False
+    return parsed.operation in NO_OUTPUT_OPERATIONS or len(count.per_prompt) <= 1
 
 
 class ReplyChecks:

@@ -11,7 +11,7 @@ from kvsim.catalog import select
 from kvsim.clock import Clock, ScaledClock
 from kvsim.config import SimConfig
 from kvsim.gpu.vgpu import DeviceSpec, VirtualGpu
-from kvsim.llama_server import llama_info, llama_routes
+from kvsim.llama_server import llama_embeddings, llama_info, llama_routes
 from kvsim.llama_server.llama_engine import LlamaServerEngine
 from kvsim.ollama import ollama_models, ollama_routes
 from kvsim.ollama.compat import anthropic_routes, openai_routes, responses_routes
@@ -103,6 +103,11 @@ def _llama_routes(app: web.Application) -> None:
         r.add_post(path, llama_routes.responses)
     r.add_post("/v1/messages", llama_routes.messages)
     r.add_post("/infill", llama_routes.infill)
+    for path in ("/embedding", "/embeddings"):
+        r.add_post(path, llama_embeddings.embedding)
+    r.add_post("/v1/embeddings", llama_embeddings.embedding_oai)
+    for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"):
+        r.add_post(path, llama_embeddings.rerank)
     r.add_post("/v1/messages/count_tokens", llama_info.anthropic_count_tokens)
     for path in ("/responses/input_tokens", "/v1/responses/input_tokens"):
         r.add_post(path, llama_info.responses_input_tokens)

@@ -47,6 +47,8 @@ class SimConfig:
     ctx_size: int = 4096
     n_parallel: int = -1  # -1 = auto: 4 slots on a unified pool
     kv_unified: bool | None = None  # None = unified exactly when n_parallel is auto
+    embeddings: bool = False  # --embeddings: the embedding routes answer (else 501); they take slots and cells
+    reranking: bool = False  # --reranking: the rerank routes answer (and, as the real flag does, embeddings too)
     version: str | None = None  # /api/version; default per era
     # converted tokenizers (tokenizer.json, kvgate's cache format and keys) are kept and reused here; None = convert
     # in memory, once per process

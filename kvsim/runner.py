@@ -145,6 +145,10 @@ def add_sim_arguments(parser: argparse.ArgumentParser, *, include_address: bool 
         default=None,
         help="llama-server mode: -kvu / -no-kvu (default: unified exactly when -np is auto)",
     )
+    g.add_argument("--embeddings", action="store_true",
+                   help="llama-server mode: serve /embedding, /embeddings and /v1/embeddings (else they answer 501)")
+    g.add_argument("--reranking", action="store_true",
+                   help="llama-server mode: serve /rerank and its aliases (and embeddings, as the real flag does)")
 
 
 def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -173,4 +177,6 @@ def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
         ctx_size=args.ctx_size,
         n_parallel=args.parallel,
         kv_unified=args.kv_unified,
+        embeddings=args.embeddings,
+        reranking=args.reranking,
     )

@@ -8,6 +8,7 @@ The permit travels with the response and is released exactly once, when the resp
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,10 +20,12 @@ from gateway.admission.loads import Claim, LoadGate
 from gateway.admission.outcome import AdmissionOutcome, Admitted, Reserved, SummaryNote, Trim
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
 from gateway.admission.pools import PoolDirectory
+from gateway.admission.sequence_rules import completions_run, ignored_n_note
 from gateway.admission.tenants import Tenant
 from gateway.backends import Backend
+from gateway.backends.prober import ProbeError
 from gateway.config import AdmissionConfig
-from gateway.domain import BackendKind, Operation, ParsedRequest
+from gateway.domain import NO_OUTPUT_OPERATIONS, BackendKind, Operation, ParsedRequest
 from gateway.errors import BadRequest
 from gateway.fitting.chat_fit import trim_chat
 from gateway.fitting.head_tail import keep_head_and_tail
@@ -31,6 +34,8 @@ from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.fitting.summaries import Summaries
 from gateway.fitting.summarize import SummaryFailed
 from gateway.tokens import TokenCount
+
+log = logging.getLogger(__name__)
 
 Recount = Callable[[ParsedRequest], Awaitable[TokenCount]]
 
@@ -83,20 +88,48 @@ def _tenant_capped(parsed: ParsedRequest, raw: bytes, cap: int | None, outcome: 
 
 
 def _check_prompt_cap(tenant: Tenant, count: TokenCount) -> str | None:
-    """400 for a counted prompt over the tenant's cap; an estimate over it is never refused (the real count was
-    asked for and is not to be had): a note says so."""
+    """The tenant's ``max_prompt_tokens``, per prompt (a batch's prompts each run as a sequence of their own): 400 for
+    a counted prompt over it; an estimate over it is never refused (the real count was asked for and is not to be
+    had): a note says so."""
     cap = tenant.max_prompt_tokens
-    if cap is None or count.tokens <= cap:
+    lengths = count.per_prompt or (count.tokens,)
+    index = max(range(len(lengths)), key=lengths.__getitem__)
+    if cap is None or lengths[index] <= cap:
         return None
+    which = f"prompt[{index}] of the batch of {len(lengths)}" if count.per_prompt else "prompt"
     if not count.exact:
-        return (f"prompt estimated at about {count.tokens:,} tokens, over tenant '{tenant.name}''s max_prompt_tokens "
-                f"of {cap:,}; not refused on an estimate (no exact count to be had)")
-    raise BadRequest(f"prompt is {count.tokens:,} tokens; tenant '{tenant.name}' allows {cap:,}; shorten it or "
+        return (f"{which} estimated at about {lengths[index]:,} tokens, over tenant '{tenant.name}''s "
+                f"max_prompt_tokens of {cap:,}; not refused on an estimate (no exact count to be had)")
+    raise BadRequest(f"{which} is {lengths[index]:,} tokens; tenant '{tenant.name}' allows {cap:,}; shorten it or "
                      "ask for a larger cap")
 
 
+def _longest(count: TokenCount) -> int:
+    return max(count.per_prompt or (count.tokens,))
+
+
+def request_cost(parsed: ParsedRequest, pool: PoolSpec, count: TokenCount, tenant: Tenant,
+                 limit: int | None) -> RequestCost:
+    """What the request will hold in ``pool``: each prompt as counted, its output limit (none for an embedding or a
+    rerank), and the completions of each prompt the backend runs (``sequence_rules``)."""
+    return RequestCost(
+        prompt_tokens=count.tokens,
+        prompt_exact=count.exact,
+        max_output_tokens=0 if parsed.operation in NO_OUTPUT_OPERATIONS else limit,
+        requested_num_ctx=parsed.num_ctx_tokens if (parsed.num_ctx_tokens or 0) > 0 else None,
+        tenant=tenant.name,
+        priority=tenant.priority,
+        sequences=completions_run(pool.backend_kind, parsed.sequences),
+        weight=tenant.weight,
+        batch_prompt_tokens=count.per_prompt if len(count.per_prompt) > 1 else (),
+    )
+
+
 def _output_cap(parsed: ParsedRequest, tenant: Tenant) -> tuple[int | None, bool]:
-    """The output limit to plan with (the client's, lowered to the tenant's cap) and whether the cap lowered it."""
+    """The output limit to plan with (the client's, lowered to the tenant's cap) and whether the cap lowered it;
+    an embedding or a rerank generates nothing, so there is nothing to cap."""
+    if parsed.operation in NO_OUTPUT_OPERATIONS:
+        return None, False
     limit = parsed.output.tokens
     cap = tenant.max_output_tokens
     if cap is not None and (limit is None or limit > cap):
@@ -160,6 +193,17 @@ class Admitter:
             return NO_CLAIM
         return self._loads.claim(backend.name, pool.model)
 
+    async def hold_model(self, backend: Backend, model: str | None) -> Claim | NoClaim:
+        """For a request that reserves no KV (an embedding on Ollama, ``sequence_rules``): its model loaded through
+        the GPU check when it is not resident (``LoadGate.ensure_loaded``), then held resident while it runs."""
+        if not self._config.enabled or self._loads is None or not model or not self._loads.applies(backend):
+            return NO_CLAIM  # admission off: loads are not gated for a chat either (pool_for is not asked)
+        try:
+            await self._loads.ensure_loaded(backend, model)
+        except ProbeError as exc:  # /api/ps can't be read: the request goes on, and meets the backend's own answer
+            log.warning("could not check whether model %r is loaded on %s: %s", model, backend.describe(), exc)
+        return self._loads.claim(backend.name, model)
+
     async def pool_at_default(self, backend: Backend, pool: PoolSpec) -> PoolSpec:
         """The pool a request at Ollama's own default context (/v1) lands in: a model kvgate lowered is reloaded at
         the default first, through the GPU check (``PoolDirectory.before_default_request``)."""
@@ -195,7 +239,7 @@ class Admitter:
         counted for real first (``recount`` waits for a tokenizer still loading)."""
         outcome = AdmissionOutcome(count)
         cap = tenant.max_prompt_tokens
-        if cap is not None and count.tokens > cap and not count.exact:
+        if cap is not None and _longest(count) > cap and not count.exact:
             count = await recount(parsed)
             outcome = replace(outcome, recount=count)
         cap_note = _check_prompt_cap(tenant, count)
@@ -204,16 +248,7 @@ class Admitter:
         limit, capped = _output_cap(parsed, tenant)
         if pool is None:
             return _tenant_capped(parsed, raw, limit if capped else None, outcome)
-        cost = RequestCost(
-            prompt_tokens=count.tokens,
-            prompt_exact=count.exact,
-            max_output_tokens=limit,
-            requested_num_ctx=parsed.num_ctx_tokens if (parsed.num_ctx_tokens or 0) > 0 else None,
-            tenant=tenant.name,
-            priority=tenant.priority,
-            sequences=parsed.sequences,
-            weight=tenant.weight,
-        )
+        cost = request_cost(parsed, pool, count, tenant, limit)
         policy = self._policy
         if tenant.max_active is not None:
             policy = replace(policy, per_tenant_max_active=tenant.max_active)
@@ -243,7 +278,8 @@ class Admitter:
             outcome, recount=fitted.recount or outcome.recount, rewrites=tuple(changes), trim=fitted.trim,
             summary=fitted.summary,
             waited_s=permit.waited_s, reserved=Reserved(pool.key, admit.reserve_tokens, admit.sequences),
-            notes=(*outcome.notes, *self._pools.notes_for(pool), *admit.notes),
+            notes=(*outcome.notes, *self._pools.notes_for(pool), *ignored_n_note(pool.backend_kind, parsed.sequences),
+                   *admit.notes),
             context_lowered=None if lowered is None else (lowered.asked_tokens, lowered.loaded_tokens),
             offload=self._pools.offload_for(pool),
         )
@@ -267,7 +303,8 @@ class Admitter:
         if isinstance(permit, AdmissionRejected) and not cost.prompt_exact:
             counted = await recount(parsed)
             if counted.exact:
-                cost = replace(cost, prompt_tokens=counted.tokens, prompt_exact=True)
+                cost = replace(cost, prompt_tokens=counted.tokens, prompt_exact=True,
+                               batch_prompt_tokens=counted.per_prompt if len(counted.per_prompt) > 1 else ())
                 permit = await self._acquire(pool, cost, policy, is_disconnected)
             else:
                 counted = None

@@ -20,6 +20,11 @@ partly on the CPU, as the backend would, where it does (``cpu_offload``) and sys
 ``load_wait_s`` for GPU memory, ``refuse`` answers 503 at once. A spilled load that fails teaches kvgate that the
 backend does not offload (a warning says to set ``cpu_offload = "off"``).
 
+An embedding model (``capabilities`` without ``completion``) is loaded as Ollama's embed clients load it (an empty
+``/api/embed``) and costs its weights and compute only: Ollama runs it alone (parallel 1) with no KV cache.
+``ensure_loaded`` is what an embedding request asks (it reserves no KV, ``sequence_rules``): the model loaded
+through the gate when /api/ps does not list it.
+
 Without a ``vram`` source, on other backend kinds, with ``residency.enabled = false``, or when the model's profile
 can't be had, ``load`` answers None and the caller loads as before.
 
@@ -35,7 +40,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.admission.gpu_ledger import GpuBudget, GpuEntry, LoadReservations
 from gateway.admission.gpu_reading import read_gpu_entry
@@ -200,6 +205,17 @@ class LoadGate:
             self._claims.pop(key, None)
         self._last_used[key] = self._clock()
 
+    async def ensure_loaded(self, backend: Backend, model: str) -> Loaded | None:
+        """``model`` resident on ``backend``: loaded through the gate when /api/ps (read now) does not list it; what
+        ``load`` did, None when it was resident or no gate applies."""
+        if not self.applies(backend):
+            return None
+        async with self.lock(backend):  # never read in the middle of kvgate's own unload
+            if await self._probes.loaded_model(backend, model, join_running=False) is not None:
+                self.expect(backend.name, model)
+                return None
+        return await self.load(backend, model)
+
     async def load(self, backend: Backend, model: str, *, at_default: bool = False) -> Loaded | None:
         """Load ``model`` once GPU memory allows (see the module docstring); the decision it loaded with, or None
         when no gate applies. Raises LoadRefused (503) when it can't, ProbeError when the backend can't be asked.
@@ -223,7 +239,8 @@ class LoadGate:
                 if decision is None:
                     return None
                 if decision.action is LoadAction.LOAD:
-                    await self._carry_out(backend, decision, explicit=asked_explicitly)
+                    await self._carry_out(backend, decision, explicit=asked_explicitly,
+                                          embedding=profile.embedding_only)
                     return Loaded(decision, explicit=asked_explicitly)
                 if decision.action is LoadAction.REFUSE or self._clock() >= deadline_s:
                     self._count(backend).refused += 1
@@ -313,6 +330,9 @@ class LoadGate:
         floor = asked if at_default else residency.min_context_tokens
 
         def load_bytes_at(context: int) -> int:
+            if profile.embedding_only:  # Ollama runs an embedding model alone, and it keeps no KV cache
+                cost = estimate_load_cost(profile, context_tokens=context, parallel=1)
+                return replace(cost, kv_bytes=0).total_bytes
             return estimate_load_cost(profile, context_tokens=context, parallel=self.parallel_for(backend, profile),
                                       type_k=settings.cache_type_k, type_v=settings.cache_type_v).total_bytes
 
@@ -354,7 +374,7 @@ class LoadGate:
         name = find_model(model, self._settings.models.keys())
         return None if name is None else self._settings.models[name]
 
-    async def _carry_out(self, backend: Backend, decision: LoadDecision, *, explicit: bool) -> None:
+    async def _carry_out(self, backend: Backend, decision: LoadDecision, *, explicit: bool, embedding: bool) -> None:
         for name in decision.unload:
             await self._unload(backend, name)
         if decision.lowered_from is not None or decision.unload or decision.offloaded_ram_bytes:
@@ -363,7 +383,7 @@ class LoadGate:
         reservation = self._reservations.reserve(backend.name, decision.model, decision.load_bytes)
         try:
             try:
-                await self._probes.load_model(backend, decision.model, num_ctx)
+                await self._probes.load_model(backend, decision.model, num_ctx, embedding=embedding)
             except ProbeError as exc:
                 if decision.offloaded_ram_bytes:  # it did not spill as llama.cpp's fit would: fit is off there
                     self.cpu_offload.saw(backend.name, False, f"a load kvgate let run partly on the CPU failed ({exc})")

@@ -50,6 +50,26 @@ The rules, in the order they are applied:
    kvgate's own choice never makes a request too big for its tenant.
 4. Sequences. A request for ``n`` completions runs ``n`` sequences, each holding prompt + output. More than the pool
    has slots (or, unified, more than the pool holds) can never run: rejected (400 ``too_many_sequences``).
+   A batch (``batch_prompt_tokens``: ``"prompt": [a, b, c]``, an embedding's inputs, a rerank's documents) is one
+   task per prompt on llama-server, each with its own slot and its own KV cells, and ``n`` completions of each:
+
+       prompts a=900, b=300, c=2,000 tokens, max output 500, n=1, unified pool of 8,192 cells, 4 slots
+       | a 900+500 | b 300+500 | c 2,000+500 | . . . free 3,092 . . . |      3 sequences, 5,100 tokens
+
+   Each prompt is checked on its own (rule 2; the refusal names its index: a batch is never trimmed, since cutting
+   one prompt of many silently changes one answer among the others, and llama-server itself refuses such a prompt);
+   the output limit is one field for the whole batch, so it is fitted to the longest prompt (rule 3) and reserved
+   for every prompt. A batch larger than the slots is not refused: llama-server starts as many of its tasks as it
+   has free slots (a task with ``n`` completions waits for ``n`` free slots) and defers the others to its own queue,
+   starting each when one of the batch's own tasks ends. kvgate reserves the batch so that it can never overrun:
+   it holds ``min(prompts, slots // n)`` tasks' worth, the longest ones (whichever run at once, they hold no more),
+   for the whole response, so nothing else is admitted into the slots the deferred tasks will take. Admitting only
+   what can run at once is not possible: the server, not kvgate, starts the batch's tasks, all of them, in its
+   slots. So on a unified pool the sequences that run at once (a batch's, or ``n`` completions of one prompt) must
+   fit together: the output limit kvgate sets when none was given, or its clamp (``clamp_output``), is lowered to
+   what each may hold for all of them to fit beside their prompts (a note says so); when even their prompts
+   overrun the pool, or a limit is not to be clamped, the request is refused, saying how many prompts fit at once
+   (alone it would fail every active request on the server).
 5. Tenant share. ``per_tenant_max_share`` caps the tokens one tenant's reservations may hold in the pool at once,
    on top of ``per_tenant_max_active`` (which counts sequences). It is resolved against this pool here, so one
    policy serves pools of any size:
@@ -67,6 +87,9 @@ The rules, in the order they are applied:
    hold, in a unified pool its part of the shared cells; either way ``pool_tokens`` is the whole.
 6. Capacity. The tenant's caps, active sequences then its share (Wait scope "tenant"), then free slots, then
    (unified pools only) free tokens (Wait scope "pool").
+
+Tenant caps count a batch per prompt: ``max_active`` counts every sequence it holds at once, ``max_pool_share`` its
+reserved sum (the tenant's ``max_prompt_tokens`` and ``max_output_tokens`` apply to each prompt, in ``admit``).
 
 Rejections depend only on the request, the pool and the policy, never on the snapshot; so a request that would be
 rejected is rejected at once instead of after a wait. No I/O, no clock, no logging: the same inputs give the same
@@ -97,42 +120,60 @@ TENANT_SHARE_EXCEEDED = "tenant_share_exceeded"
 
 
 def plan(cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Policy) -> Decision:
-    """Decide whether the request's sequence fits the pool now, later or never."""
+    """Decide whether the request's sequences fit the pool now, later or never."""
     context = _context(cost, pool, policy)
-    prompt_tokens = reserved_prompt_tokens(cost, policy)
+    prompts = _reserved_prompts(cost, policy)
+    longest = max(range(len(prompts)), key=prompts.__getitem__)
+    prompt_tokens = prompts[longest]
     if prompt_tokens >= context.tokens and (cost.prompt_exact or not policy.estimate_is_final):
-        return _prompt_too_long(cost, pool, prompt_tokens, context.tokens)
+        return _prompt_too_long(cost, pool, prompt_tokens, context.tokens, longest)
     share_tokens = tenant_share_tokens(policy.per_tenant_max_share, pool)
-    output = _fit_output(cost, pool, policy, prompt_tokens, context.tokens, share_tokens)
+    sequences = held_sequences(cost, pool)
+    running = sorted(prompts, reverse=True)[: sequences // cost.sequences]
+    together = _together_room(cost, pool, running, sequences)
+    output = _fit_output(cost, pool, policy, prompt_tokens, context.tokens, share_tokens, sequences, together)
     if isinstance(output, Reject):
         return output
     # at most the context per sequence: an estimate's prompt + floor may exceed it, a count's never does (rule 3)
-    reserve_tokens = min(prompt_tokens + output.tokens, context.tokens) * cost.sequences
-    too_many = _too_many_sequences(cost, pool, policy, reserve_tokens)
+    reserve_tokens = sum(min(p + output.tokens, context.tokens) for p in running) * cost.sequences
+    too_many = _too_many_sequences(cost, pool, policy, reserve_tokens, sequences, output.tokens)
     if too_many is not None:
         return too_many
     if share_tokens is not None and reserve_tokens > share_tokens:
         if cost.prompt_exact:
-            return _over_share(cost, pool, policy, prompt_tokens, reserve_tokens, share_tokens)
+            return _over_share(cost, pool, policy, prompt_tokens, output.tokens, reserve_tokens, share_tokens)
         held = snapshot.per_tenant_tokens.get(cost.tenant, 0)
         if held:  # an estimate is never refused for the share: it runs once the tenant holds nothing else
             return Wait(f"tenant '{cost.tenant}' holds {held:,} tokens of {_where(pool, cost)}; this request's "
                         f"estimate ({reserve_tokens:,}) exceeds its share ({share_tokens:,}) on its own, so it waits "
                         "until the tenant holds nothing else", "tenant")
         share_tokens = None
-    wait = _capacity_wait(cost, pool, snapshot, policy, reserve_tokens, share_tokens)
+    wait = _capacity_wait(cost, pool, snapshot, policy, reserve_tokens, share_tokens, sequences)
     if wait is not None:
         return wait
     rewrites = Rewrites(num_ctx=context.rewrite, max_output_tokens=output.rewrite)
-    return Admit(reserve_tokens, rewrites, context.notes + output.notes, cost.sequences)
+    notes = context.notes + output.notes + _batch_notes(cost, pool, sequences, reserve_tokens)
+    return Admit(reserve_tokens, rewrites, notes, sequences)
 
 
 def reserved_prompt_tokens(cost: RequestCost, policy: Policy) -> int:
-    """The prompt's share of a reservation: the count itself, or the estimate plus the margin, rounded up."""
+    """The prompt's share of a reservation: the count itself, or the estimate plus the margin, rounded up (for a
+    batch: the sum of its prompts', each rounded up)."""
+    return sum(_reserved_prompts(cost, policy))
+
+
+def _reserved_prompts(cost: RequestCost, policy: Policy) -> list[int]:
     if cost.prompt_exact:
-        return cost.prompt_tokens
+        return list(cost.prompts)
     # round() first so that 1000 * 1.1 = 1100.0000000000002 does not become 1101
-    return math.ceil(round(cost.prompt_tokens * (1.0 + policy.estimate_margin), 6))
+    return [math.ceil(round(tokens * (1.0 + policy.estimate_margin), 6)) for tokens in cost.prompts]
+
+
+def held_sequences(cost: RequestCost, pool: PoolSpec) -> int:
+    """The sequences the request holds at once: ``n`` per prompt, for as many of its prompts as the backend runs at
+    once (every prompt of a batch that fits the slots; ``slots // n`` prompts of a larger one, the rest deferred)."""
+    running = min(len(cost.prompts), max(1, pool.slots // cost.sequences))
+    return running * cost.sequences
 
 
 def tenant_share_tokens(share: float | int | None, pool: PoolSpec) -> int | None:
@@ -169,10 +210,40 @@ def _context(cost: RequestCost, pool: PoolSpec, policy: Policy) -> _Fit:
     return _Fit(asked, None, (f"{asked_vs_loaded}; pin_num_ctx is off, so the model reloads",))
 
 
+def _together_room(cost: RequestCost, pool: PoolSpec, running: list[int], sequences: int) -> int | None:
+    """On a unified pool, the output each of a request's several sequences may reserve so that all that run at once
+    fit the pool beside their prompts (None for one sequence, or a split pool, where each has its own slot)."""
+    if not pool.unified or sequences < 2:
+        return None
+    return (pool.pool_tokens - sum(running) * cost.sequences) // sequences
+
+
 def _fit_output(
     cost: RequestCost, pool: PoolSpec, policy: Policy, prompt_tokens: int, context_tokens: int,
-    share_tokens: int | None,
+    share_tokens: int | None, sequences: int, together: int | None,
 ) -> _Fit | Reject:
+    """The output every sequence may generate; ``prompt_tokens`` is the (longest) prompt's, ``sequences`` how many
+    the request holds at once, ``together`` what each may have for all of them to fit a unified pool at once (a
+    limit kvgate chooses, or a clamp, stays within it; below 1 token, or without ``clamp_output``, rule 4 refuses)."""
+    fit = _fit_alone(cost, pool, policy, prompt_tokens, context_tokens, share_tokens, sequences)
+    asked = cost.max_output_tokens
+    if isinstance(fit, Reject) or together is None or not 1 <= together < fit.tokens:
+        return fit
+    if asked is not None and not policy.clamp_output:
+        return fit  # rule 4 refuses it, saying how many prompts fit at once
+    what = f"{len(cost.prompts)} prompts" if cost.batch_prompt_tokens else "its prompt"
+    fits = f"the {sequences} sequences that run at once ({what}, {cost.sequences} completion(s) each) fit the " \
+           f"{pool.pool_tokens:,}-token shared pool of {_where(pool, cost)} with {together:,} each"
+    if asked is None:
+        return _Fit(together, together, (f"no output limit given; set to {together:,} tokens: {fits}",))
+    return _Fit(together, together, (f"max output {asked:,} tokens requested; {fits}; clamped to {together:,}",))
+
+
+def _fit_alone(
+    cost: RequestCost, pool: PoolSpec, policy: Policy, prompt_tokens: int, context_tokens: int,
+    share_tokens: int | None, sequences: int,
+) -> _Fit | Reject:
+    """The output one sequence may generate in its context (rule 3)."""
     room_tokens = context_tokens - prompt_tokens
     asked = cost.max_output_tokens
     if not cost.prompt_exact:
@@ -185,7 +256,7 @@ def _fit_output(
             share = pool.pool_tokens // pool.slots - prompt_tokens
             granted = min(room_tokens, max(policy.default_output_tokens, share))
         where = "the sequence's fair share of the shared pool" if pool.unified else "the rest of its slot"
-        tenant_room = None if share_tokens is None else share_tokens // cost.sequences - prompt_tokens
+        tenant_room = None if share_tokens is None else share_tokens // sequences - prompt_tokens
         if tenant_room is not None and 1 <= tenant_room < granted:  # below 1 nothing fits: rule 5 refuses it
             granted = tenant_room
             where = f"what tenant '{cost.tenant}'s share of the pool leaves after the prompt"
@@ -205,7 +276,7 @@ def _fit_output(
     return Reject(
         400,
         CONTEXT_LENGTH_EXCEEDED,
-        f"prompt is {_prompt_words(cost, prompt_tokens)} and max output is {asked:,} tokens, "
+        f"{_prompt_words(cost, prompt_tokens)} and max output is {asked:,} tokens, "
         f"{prompt_tokens + asked:,} in all; {_where(pool, cost)} has a context of {context_tokens:,} tokens per "
         f"sequence; lower max output to at most {room_tokens:,} tokens or shorten the prompt",
     )
@@ -224,7 +295,7 @@ def _estimate_floor(
     client's smaller limit, or without ``clamp_output`` the client's own), forwarded for the backend to judge."""
     asked = cost.max_output_tokens
     left = max(0, context_tokens - prompt_tokens)
-    said = (f"prompt is {_prompt_words(cost, prompt_tokens)}, which leaves {left:,} of the {context_tokens:,}-token "
+    said = (f"{_prompt_words(cost, prompt_tokens)}, which leaves {left:,} of the {context_tokens:,}-token "
             f"context of {_where(pool, cost)}; an estimate leans high, so it is not refused or trimmed on it")
     if asked is not None and (asked <= floor or not policy.clamp_output):
         return _Fit(asked, None, (f"{said}: the client's max output of {asked:,} stands and the backend's own count "
@@ -234,72 +305,109 @@ def _estimate_floor(
     return _Fit(floor, floor, (note,))
 
 
-def _prompt_too_long(cost: RequestCost, pool: PoolSpec, prompt_tokens: int, context_tokens: int) -> Reject:
+def _prompt_too_long(
+    cost: RequestCost, pool: PoolSpec, prompt_tokens: int, context_tokens: int, index: int
+) -> Reject:
+    shorten = "shorten it (the batch is not trimmed)" if cost.batch_prompt_tokens else "shorten it"
     return Reject(
         400,
         CONTEXT_LENGTH_EXCEEDED,
-        f"prompt is {_prompt_words(cost, prompt_tokens)}; {_where(pool, cost)} has a context of "
-        f"{context_tokens:,} tokens per sequence (at most {context_tokens - 1:,} prompt tokens); shorten it or ask "
-        "for a larger context",
+        f"{_prompt_words(cost, prompt_tokens, index)}; {_where(pool, cost)} has a context of {context_tokens:,} tokens "
+        f"per sequence (at most {context_tokens - 1:,} prompt tokens); {shorten} or ask for a larger context",
     )
 
 
-def _too_many_sequences(cost: RequestCost, pool: PoolSpec, policy: Policy, reserve_tokens: int) -> Reject | None:
+def _too_many_sequences(
+    cost: RequestCost, pool: PoolSpec, policy: Policy, reserve_tokens: int, sequences: int, output_tokens: int
+) -> Reject | None:
     """A request whose sequences could never run at once, even in an empty pool."""
     n = cost.sequences
     cap = policy.per_tenant_max_active
     if n > pool.slots:
-        limit = f"{_where(pool)} runs at most {pool.slots} sequences at once"
-    elif cap is not None and n > cap:
+        limit = f"{_where(pool, cost)} runs at most {pool.slots} sequences at once"
+    elif cap is not None and sequences > cap:
         limit = f"tenant '{cost.tenant}' may run at most {cap} sequences at once"
     elif pool.unified and reserve_tokens > pool.pool_tokens:
-        limit = f"together they need {reserve_tokens:,} tokens and the shared pool of {_where(pool)} holds " \
+        limit = f"together they need {reserve_tokens:,} tokens and the shared pool of {_where(pool, cost)} holds " \
                 f"{pool.pool_tokens:,}"
     else:
         return None
-    return Reject(400, TOO_MANY_SEQUENCES, f"the request asks for {n} completions (n); {limit}; ask for fewer")
+    if not cost.batch_prompt_tokens:
+        return Reject(400, TOO_MANY_SEQUENCES, f"the request asks for {n} completions (n); {limit}; ask for fewer")
+    asks = f"the batch of {len(cost.prompts)} prompts" + (f" x {n} completions (n)" if n > 1 else "")
+    fit = _prompts_that_fit(cost, pool, policy, output_tokens, cap)
+    advice = "ask for fewer completions" if fit == 0 else \
+        f"send at most {fit} prompt{'s' if fit > 1 else ''} per request"
+    return Reject(400, TOO_MANY_SEQUENCES,
+                  f"{asks} runs {sequences} sequences at once on {_where(pool, cost)}; {limit}; {advice}")
+
+
+def _prompts_that_fit(cost: RequestCost, pool: PoolSpec, policy: Policy, output_tokens: int, cap: int | None) -> int:
+    """How many of the batch's longest prompts could run at once (the advice of a refusal)."""
+    n = cost.sequences
+    most = min(pool.slots, cap if cap is not None else pool.slots) // n
+    held = 0
+    for count, tokens in enumerate(sorted(_reserved_prompts(cost, policy), reverse=True)[:most], start=1):
+        held += (tokens + output_tokens) * n
+        if pool.unified and held > pool.pool_tokens:
+            return count - 1
+    return min(most, len(cost.prompts))
+
+
+def _batch_notes(cost: RequestCost, pool: PoolSpec, sequences: int, reserve_tokens: int) -> tuple[str, ...]:
+    """What a batch larger than the slots holds, for operators."""
+    prompts = len(cost.batch_prompt_tokens)
+    running = sequences // cost.sequences
+    if prompts <= running:
+        return ()
+    return (f"batch of {prompts} prompts: the backend runs {running} at once in its {pool.slots} slots and queues "
+            f"the rest itself; reserved {reserve_tokens:,} tokens for the {running} longest, held until all end",)
 
 
 def _over_share(
-    cost: RequestCost, pool: PoolSpec, policy: Policy, prompt_tokens: int, reserve_tokens: int, share_tokens: int
+    cost: RequestCost, pool: PoolSpec, policy: Policy, prompt_tokens: int, output_tokens: int, reserve_tokens: int,
+    share_tokens: int,
 ) -> Reject:
     """A request that alone needs more than its tenant's share of the pool: it could never run, even alone."""
-    output_tokens = reserve_tokens // cost.sequences - prompt_tokens
-    parts = f"prompt {_prompt_words(cost, prompt_tokens)} + max output {output_tokens:,}"
+    if cost.batch_prompt_tokens:
+        parts = f"{len(cost.prompts)} prompts of up to {prompt_tokens:,} tokens + max output {output_tokens:,} each"
+    else:
+        parts = f"prompt {_tokens_words(cost, prompt_tokens, 0)} + max output {output_tokens:,}"
     if cost.sequences > 1:
         parts = f"({parts}) x {cost.sequences} completions"
     return Reject(
         400,
         TENANT_SHARE_EXCEEDED,
         f"the request needs {reserve_tokens:,} tokens: {parts}; tenant '{cost.tenant}' may hold at most "
-        f"{_share_words(policy, share_tokens, pool)}; lower max output, shorten the prompt or ask for a larger share",
+        f"{_share_words(policy, share_tokens, pool, cost)}; lower max output, shorten the prompt or ask for a larger "
+        "share",
     )
 
 
-def _share_words(policy: Policy, share_tokens: int, pool: PoolSpec) -> str:
+def _share_words(policy: Policy, share_tokens: int, pool: PoolSpec, cost: RequestCost | None = None) -> str:
     """'4,096 tokens (max_pool_share 0.125 of 32,768) in model ...', or '(max_pool_share)' for a number of tokens."""
     share = policy.per_tenant_max_share
     setting = f"max_pool_share {share:g} of {pool.pool_tokens:,}" if isinstance(share, float) else "max_pool_share"
-    return f"{share_tokens:,} tokens ({setting}) in {_where(pool)}"
+    return f"{share_tokens:,} tokens ({setting}) in {_where(pool, cost)}"
 
 
 def _capacity_wait(
     cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Policy, reserve_tokens: int,
-    share_tokens: int | None,
+    share_tokens: int | None, sequences: int,
 ) -> Wait | None:
     cap = policy.per_tenant_max_active
     active = snapshot.per_tenant_active.get(cost.tenant, 0)
-    if cap is not None and active + cost.sequences > cap:
+    if cap is not None and active + sequences > cap:
         return Wait(f"tenant '{cost.tenant}' has {active} of {cap} allowed active requests on {_where(pool, cost)}",
                     "tenant")
     held = snapshot.per_tenant_tokens.get(cost.tenant, 0)
     if share_tokens is not None and held + reserve_tokens > share_tokens:
         return Wait(
-            f"tenant '{cost.tenant}' holds {held:,} of its {_share_words(policy, share_tokens, pool)}; "
+            f"tenant '{cost.tenant}' holds {held:,} of its {_share_words(policy, share_tokens, pool, cost)}; "
             f"this request needs {reserve_tokens:,}",
             "tenant",
         )
-    if snapshot.active_sequences + cost.sequences > pool.slots:
+    if snapshot.active_sequences + sequences > pool.slots:
         return Wait(f"all {pool.slots} sequence slots of {_where(pool, cost)} are busy")
     if pool.unified and snapshot.reserved_tokens + reserve_tokens > pool.pool_tokens:
         return Wait(
@@ -309,10 +417,19 @@ def _capacity_wait(
     return None
 
 
-def _prompt_words(cost: RequestCost, prompt_tokens: int) -> str:
+def _prompt_words(cost: RequestCost, prompt_tokens: int, index: int | None = None) -> str:
+    """'prompt is 1,234 tokens' (a batch: 'prompt[2] of the batch of 5 is ...'), an estimate with its margin."""
+    if index is None:
+        index = max(range(len(cost.prompts)), key=cost.prompts.__getitem__)
+    which = f"prompt[{index}] of the batch of {len(cost.prompts)}" if cost.batch_prompt_tokens else "prompt"
+    return f"{which} is {_tokens_words(cost, prompt_tokens, index)}"
+
+
+def _tokens_words(cost: RequestCost, prompt_tokens: int, index: int) -> str:
+    counted = cost.prompts[index]
     if cost.prompt_exact:
-        return f"{cost.prompt_tokens:,} tokens"
-    return f"about {cost.prompt_tokens:,} tokens (estimated; {prompt_tokens:,} with the safety margin)"
+        return f"{counted:,} tokens"
+    return f"about {counted:,} tokens (estimated; {prompt_tokens:,} with the safety margin)"
 
 
 def _where(pool: PoolSpec, cost: RequestCost | None = None) -> str:

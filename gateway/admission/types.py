@@ -79,9 +79,14 @@ class RequestCost:
 
     ``max_output_tokens`` is the client's limit (``max_tokens``, ``num_predict``), None when it gave none;
     ``requested_num_ctx`` is Ollama's ``options.num_ctx`` when the client sent one. A higher ``priority`` is served
-    first by the waiting room. ``sequences`` is how many completions the request runs at once (OpenAI ``n``), each
-    holding the prompt and its output. ``weight`` is the tenant's share in the fair order of the queue (within one
-    priority, tenants are served reserved tokens in proportion to their weights; ``fair_share``).
+    first by the waiting room. ``sequences`` is how many completions the backend runs for each prompt (OpenAI ``n``,
+    where the backend honours it: ``sequence_rules``), each holding the prompt and its output. ``weight`` is the
+    tenant's share in the fair order of the queue (within one priority, tenants are served reserved tokens in
+    proportion to their weights; ``fair_share``).
+
+    ``batch_prompt_tokens`` is each prompt's length for a request the backend runs as one task per prompt (a
+    multi-prompt batch, an embedding's inputs, a rerank's documents); ``prompt_tokens`` is then their sum. Empty for
+    a request of one prompt (``prompts`` is then ``(prompt_tokens,)``).
     """
 
     prompt_tokens: int
@@ -95,8 +100,19 @@ class RequestCost:
     model: str = ""
     """The model the client asked for: what messages name when the pool serves any name (an OpenAI-compatible
     server's one pool is keyed "")."""
+    batch_prompt_tokens: tuple[int, ...] = ()
+
+    @property
+    def prompts(self) -> tuple[int, ...]:
+        """Every prompt's length: the batch's, or the one prompt's."""
+        return self.batch_prompt_tokens or (self.prompt_tokens,)
 
     def __post_init__(self) -> None:
+        if any(tokens < 0 for tokens in self.batch_prompt_tokens):
+            raise ValueError(f"batch_prompt_tokens is {self.batch_prompt_tokens}; no prompt can be negative")
+        if self.batch_prompt_tokens and sum(self.batch_prompt_tokens) != self.prompt_tokens:
+            raise ValueError(f"prompt_tokens is {self.prompt_tokens}, but the batch's prompts add up to "
+                             f"{sum(self.batch_prompt_tokens)}")
         if not self.weight > 0:  # also refuses NaN
             raise ValueError(f"weight is {self.weight}; it must be positive")
         if self.prompt_tokens < 0:

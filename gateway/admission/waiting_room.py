@@ -57,7 +57,7 @@ from gateway.admission.errors import AdmissionRejected
 from gateway.admission.fair_share import FairClock, Tag
 from gateway.admission.ledger import Ledger, Reservation
 from gateway.admission.permit import Permit
-from gateway.admission.planner import plan
+from gateway.admission.planner import held_sequences, plan
 from gateway.admission.shared.pools import SharedPools
 from gateway.admission.shared.snapshots import combine, limits_for
 from gateway.admission.shared.store import Place
@@ -378,7 +378,8 @@ _NOT_ITS_TURN = ("requests ahead of it in the fair order, waiting on other repli
 def _place(waiter: _Waiter) -> Place:
     """What the shared queue keeps of a waiter: what it will reserve, what orders it, and its tenant's caps."""
     limits = limits_for(waiter.pool, waiter.policy)
-    return Place(_reserve_tokens(Wait(""), waiter.cost, waiter.pool, waiter.policy), waiter.cost.sequences,
+    return Place(_reserve_tokens(Wait(""), waiter.cost, waiter.pool, waiter.policy),
+                 held_sequences(waiter.cost, waiter.pool),  # n per prompt, for the prompts that run at once
                  waiter.cost.tenant, _fair_weight(waiter.cost, waiter.policy), waiter.cost.priority,
                  limits.tenant_max_active, limits.tenant_share_tokens)
 

@@ -108,13 +108,16 @@ class OllamaProber(_Prober):
         show: dict[str, Any] = await self._call("POST", "/api/show", {"model": model, "verbose": verbose})
         return show
 
-    async def load(self, model: str, num_ctx: int | None) -> Any:
+    async def load(self, model: str, num_ctx: int | None, *, embedding: bool = False) -> Any:
         """Ollama's load request: /api/generate with no prompt loads the model and answers once it is loaded (with
-        its ``load_duration``)."""
+        its ``load_duration``); an embedding model (which answers /api/generate with 400 "does not support
+        generate") loads on an /api/embed with no input."""
         body: dict[str, Any] = {"model": model, "stream": False}
+        if embedding:
+            body = {"model": model, "input": []}
         if num_ctx is not None:
             body["options"] = {"num_ctx": num_ctx}
-        return await self._call("POST", "/api/generate", body)
+        return await self._call("POST", "/api/embed" if embedding else "/api/generate", body)
 
     async def version(self) -> str | None:
         """/api/version's ``version``, read once (None when the backend does not say, or can't be asked now: asked

@@ -74,13 +74,13 @@ class BackendProbes:
             ollama = self._ollama[backend.name] = OllamaProber(backend.client)
         return ollama
 
-    async def load_model(self, backend: Backend, model: str, num_ctx: int | None) -> None:
-        """Ollama: load the model (an empty /api/generate), at ``num_ctx`` or at Ollama's own default; how long it
-        took goes into ``load_times``: Ollama's own ``load_duration``, at most the request's own time on kvgate's
-        clock (the clock service times are measured with; a simulator running faster than real time reports its own
-        seconds), the request's time when the answer has none."""
+    async def load_model(self, backend: Backend, model: str, num_ctx: int | None, *, embedding: bool = False) -> None:
+        """Ollama: load the model (an empty /api/generate; an embedding model: an empty /api/embed), at ``num_ctx``
+        or at Ollama's own default; how long it took goes into ``load_times``: Ollama's own ``load_duration``, at
+        most the request's own time on kvgate's clock (the clock service times are measured with; a simulator running
+        faster than real time reports its own seconds), the request's time when the answer has none."""
         started_s = self._clock()
-        answer = await self._ollama_prober(backend).load(model, num_ctx)
+        answer = await self._ollama_prober(backend).load(model, num_ctx, embedding=embedding)
         waited_s = self._clock() - started_s
         reported_s = reported_load_s(answer)
         self.load_times.record(backend.name, model, waited_s if reported_s is None else min(reported_s, waited_s))

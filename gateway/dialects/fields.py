@@ -152,10 +152,19 @@ def output_limit(
     return OutputLimit(None if unlimited else max(values), tuple(present), write_to)
 
 
-def sequences(body: dict[str, Any], keys: tuple[str, ...]) -> int:
-    """How many completions the body asks for (OpenAI ``n``, llama-server ``n_cmpl``); 1 when not given."""
+def sequences(body: dict[str, Any], keys: tuple[str, ...], *, strict: bool = True) -> int:
+    """How many completions the body asks for (OpenAI ``n``, llama-server ``n_cmpl``); 1 when not given. Not
+    ``strict`` (a route several kinds of backend serve: Ollama ignores ``n``, the others answer their own 400), a
+    value that is no positive integer counts as 1 and is left to the backend."""
     asked = 1
     for key in keys:
+        if not strict:
+            value = body.get(key)
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+                asked = max(asked, value)
+            continue
         value = optional_int(body, key)
         if value is None:
             continue
@@ -163,3 +172,47 @@ def sequences(body: dict[str, Any], keys: tuple[str, ...]) -> int:
             raise InvalidField(key, f"field '{key}' must be at least 1, got {value}")
         asked = max(asked, value)
     return asked
+
+
+def _token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def prompt_batch(value: Any) -> tuple[Any, ...] | None:
+    """The prompts of a field llama-server reads as a batch (``tokenize_input_prompts``), None when it holds one.
+
+    An array with no token id in it is a batch, one prompt (and one task, one sequence) per element: strings, token
+    id lists, mixed lists, ``{"prompt_string": ...}`` objects. A string, an array of token ids, or a mix of strings
+    and ids is one prompt. Never raises: what an element is, is for the backend (or ``check_batch``) to say."""
+    if isinstance(value, list) and not any(_token_id(item) for item in value):
+        return tuple(value)
+    return None
+
+
+def _one_prompt(value: Any) -> bool:
+    """A string, token ids (possibly mixed with strings), or a multimodal object with a string prompt."""
+    if isinstance(value, str):
+        return True
+    if isinstance(value, list):
+        return all(_token_id(item) or isinstance(item, str) for item in value) and (
+            not value or any(_token_id(item) for item in value))
+    return isinstance(value, dict) and isinstance(value.get("prompt_string"), str)
+
+
+def check_batch(value: Any, key: str) -> tuple[Any, ...]:
+    """The prompts of ``value`` as llama-server accepts them (one, or a batch), else the 400 it gives, naming the
+    element: a batch must not be empty, and each element must be one prompt (``_one_prompt``)."""
+    batch = prompt_batch(value)
+    if batch is None:
+        if not _one_prompt(value):
+            raise InvalidField(key, f"field '{key}' must be a string, an array of token ids (or of strings and "
+                                    f"token ids), or an array of such prompts; got {json_type_name(value)}")
+        return (value,)
+    if not batch:
+        raise InvalidField(key, f"field '{key}' must not be empty: send at least one prompt")
+    for index, item in enumerate(batch):
+        if not _one_prompt(item):
+            path = f"{key}[{index}]"
+            raise InvalidField(path, f"field '{path}' must be a string, a list of token ids, a list of strings and "
+                                     f"token ids, or an object with a string prompt_string; got {json_type_name(item)}")
+    return batch

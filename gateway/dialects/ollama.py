@@ -80,11 +80,15 @@ def parse(operation: Operation, body: dict[str, Any]) -> ParsedRequest:
         fields.optional_list(body, "images")
         prompt_input = _generate_prompt(body, prompt)
     elif operation is Operation.EMBED:
-        fields.string_or_list(body, "input")
+        value = fields.string_or_list(body, "input")
         prompt = fields.optional_str(body, "prompt")
+        inputs = value if isinstance(value, list) else [value if "input" in body else prompt]
+        prompt_input = Prompt(text=value, batch=tuple(Prompt(text=item) for item in inputs))
     default_stream = operation in (Operation.CHAT, Operation.GENERATE)
-    # A chat without messages or a generate without a prompt only loads (or, with keep_alive 0, unloads) the model.
-    allocates = (operation is Operation.CHAT and bool(messages)) or (operation is Operation.GENERATE and bool(prompt))
+    # A chat without messages or a generate without a prompt only loads (or, with keep_alive 0, unloads) the model;
+    # an embedding request goes through admission either way: its model's load is gated like a chat's
+    allocates = (operation is Operation.CHAT and bool(messages)) or (operation is Operation.GENERATE and bool(prompt)) \
+        or operation is Operation.EMBED
     return ParsedRequest(
         Dialect.OLLAMA,
         operation,

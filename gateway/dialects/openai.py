@@ -44,11 +44,11 @@ def parse(operation: Operation, body: dict[str, Any], *, path: str = "") -> Pars
     elif operation is Operation.GENERATE:
         value = fields.string_or_list(body, "prompt")
         prompt = value if isinstance(value, str) else None
-        prompt_input = Prompt(text=value)
+        prompt_input = _prompts(value, batch_only=True)
         output = fields.output_limit(body, _CHAT_LIMITS, ("max_tokens",))
     elif operation is Operation.EMBED:
-        fields.string_or_list(body, "input")
-    allocates = operation in (Operation.CHAT, Operation.GENERATE, Operation.RESPONSES)
+        prompt_input = _prompts(fields.string_or_list(body, "input"), batch_only=False)
+    generates = operation in (Operation.CHAT, Operation.GENERATE, Operation.RESPONSES)
     return ParsedRequest(
         Dialect.OPENAI,
         operation,
@@ -61,9 +61,19 @@ def parse(operation: Operation, body: dict[str, Any], *, path: str = "") -> Pars
         body=body,
         prompt_input=prompt_input,
         output=output,
-        sequences=fields.sequences(body, ("n", "n_cmpl")) if allocates else 1,
-        allocates_kv=allocates,
+        sequences=fields.sequences(body, ("n", "n_cmpl"), strict=False) if generates else 1,
+        allocates_kv=generates or operation is Operation.EMBED,
     )
+
+
+def _prompts(value: Any, *, batch_only: bool) -> Prompt:
+    """``prompt`` (/v1/completions) or ``input`` (/v1/embeddings): one prompt, or a batch of them, each a sequence of
+    its own (``fields.prompt_batch``; an embedding's single input is a batch of one). Elements are not checked here:
+    the backends of these routes accept different shapes, and each answers its own 400 for one it can't read."""
+    batch = fields.prompt_batch(value)
+    if batch is None:
+        batch = () if batch_only else (value,)
+    return Prompt(text=value, batch=tuple(Prompt(text=item) for item in batch))
 
 
 def _error_type(status: int) -> str:

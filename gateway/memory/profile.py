@@ -47,5 +47,10 @@ class ModelProfile:
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property
+    def embedding_only(self) -> bool:
+        """An embedding model: it can embed and not complete (Ollama's ``/api/show`` capabilities)."""
+        return "embedding" in self.capabilities and "completion" not in self.capabilities
+
+    @property
     def all_warnings(self) -> tuple[str, ...]:
         return self.shape.warnings + self.warnings

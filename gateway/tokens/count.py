@@ -20,11 +20,14 @@ Tool = Mapping[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class TokenCount:
-    """A prompt length in tokens, which counter produced it, and whether it is exact."""
+    """A prompt length in tokens, which counter produced it, and whether it is exact. ``per_prompt`` is each
+    prompt's own length for a request the backend runs as several sequences (a multi-prompt batch, the inputs of an
+    embedding, a rerank's documents), in order; ``tokens`` is then their sum. Empty for a request of one prompt."""
 
     tokens: int
     counter: str
     exact: bool
+    per_prompt: tuple[int, ...] = ()
 
 
 class CounterUnavailable(Exception):

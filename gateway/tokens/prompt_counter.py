@@ -22,7 +22,7 @@ from collections import OrderedDict
 
 from gateway.backends import Backend
 from gateway.config import Settings
-from gateway.domain import KV_OPERATIONS, BackendKind, ParsedRequest
+from gateway.domain import KV_OPERATIONS, NO_OUTPUT_OPERATIONS, BackendKind, ParsedRequest
 from gateway.tokens import (
     CounterChain,
     CounterUnavailable,
@@ -39,7 +39,7 @@ from gateway.tokens.request_count import prompt_bytes
 log = logging.getLogger(__name__)
 
 ESTIMATE_COUNTER = "estimate"
-COUNTED_OPERATIONS = KV_OPERATIONS
+COUNTED_OPERATIONS = KV_OPERATIONS | NO_OUTPUT_OPERATIONS
 UNLISTED_CHAINS = 16
 """Chains kept, least recently used first out, for model names a backend does not list."""
 

@@ -3,6 +3,7 @@
     Prompt.messages (a chat)     count_chat(messages, tools): the template renders it, system prompts included
     Prompt.text (a text prompt)  a string, token ids (their length), a mix of both (BOS once), a list of prompts
                                  (the sum), or llama-server's multimodal object ({"prompt_string", ...})
+    Prompt.batch (a batch)       each prompt on its own (its ``extra_tokens`` added), in ``TokenCount.per_prompt``
 
 Where each dialect keeps those (Ollama's generate system + prompt + suffix, Anthropic's ``system``, the Responses
 API's ``instructions`` and ``input`` items, llama-server's infill pieces) is the dialect's business
@@ -23,13 +24,22 @@ from gateway.tokens.text import content_text, json_text
 
 
 async def count_prompt(prompt: Prompt, counter: Counter) -> TokenCount:
-    """The prompt length a backend will see for ``prompt``."""
+    """The prompt length a backend will see for ``prompt`` (for a batch: each prompt's, and their sum)."""
+    if prompt.batch:
+        return await _count_batch(prompt, counter)
     if prompt.messages is not None:
         messages: list[Message] = [m for m in prompt.messages if isinstance(m, Mapping)]
         counted = await counter.count_chat(messages, list(prompt.tools))
     else:
         counted = await _count_prompt(prompt.text, counter)
     return counted if prompt.exact_shape else replace(counted, exact=False)
+
+
+async def _count_batch(prompt: Prompt, counter: Counter) -> TokenCount:
+    parts = [await count_prompt(part, counter) for part in prompt.batch]
+    lengths = tuple(part.tokens + item.extra_tokens for part, item in zip(parts, prompt.batch, strict=True))
+    exact = prompt.exact_shape and all(part.exact for part in parts)
+    return TokenCount(sum(lengths), parts[0].counter, exact, per_prompt=lengths)
 
 
 async def _count_prompt(prompt: Any, counter: Counter) -> TokenCount:
@@ -80,6 +90,8 @@ def prompt_bytes(prompt: Prompt) -> int:
             total += sum(utf8_length(json_text(call)) for call in message.get("tool_calls") or ()
                          if isinstance(message.get("tool_calls"), Sequence))
         return total
+    if prompt.batch:
+        return sum(prompt_bytes(part) for part in prompt.batch)
     return _text_bytes(prompt.text)
 
 

@@ -175,13 +175,10 @@ class LlamaServerEngine:
         result.n_prompt, result.id_slot, slot.n_predict = len(prompt), slot.id, n_predict
         if len(prompt) >= slot.n_ctx:
             raise ExceedContextSize(len(prompt), slot.n_ctx)
+        if not prompt:  # "empty prompt - releasing slot": an empty answer, nothing generated
+            return
         pacer = Pacer(self.clock)
-        while slot.n_prompt_tokens_processed < len(prompt):
-            chunk = min(N_UBATCH, len(prompt) - slot.n_prompt_tokens_processed)
-            taken = self._take_cells(slot, chunk)
-            slot.n_prompt_tokens_processed += taken
-            await pacer.advance(taken / cfg.prompt_tokens_per_s)
-            self._raise_if_failed(slot)
+        await self._process_prompt(slot, prompt, pacer)
         result.prompt_s = self.clock.now() - pacer.start_s
         rng = answer_rng(cfg.seed, -1, self.spec.name, prompt)
         wanted = NO_EOS if ignore_eos else rng.randint(cfg.min_response_tokens, cfg.max_response_tokens)
@@ -203,6 +200,24 @@ class LlamaServerEngine:
         else:
             if limit < wanted:
                 result.finish_reason, result.stop_type = "length", "limit"
+
+    async def process(self, slot: Slot, prompt: list[int], result: ServerResult) -> None:
+        """An embedding or rerank task: its prompt processed (taking its cells, as a completion's does), nothing
+        generated; the slot is released after it."""
+        result.n_prompt, result.id_slot = len(prompt), slot.id
+        if len(prompt) >= slot.n_ctx:
+            raise ExceedContextSize(len(prompt), slot.n_ctx)
+        pacer = Pacer(self.clock)
+        await self._process_prompt(slot, prompt, pacer)
+        result.prompt_s = self.clock.now() - pacer.start_s
+
+    async def _process_prompt(self, slot: Slot, prompt: list[int], pacer: Pacer) -> None:
+        while slot.n_prompt_tokens_processed < len(prompt):
+            chunk = min(N_UBATCH, len(prompt) - slot.n_prompt_tokens_processed)
+            taken = self._take_cells(slot, chunk)
+            slot.n_prompt_tokens_processed += taken
+            await pacer.advance(taken / self.config.prompt_tokens_per_s)
+            self._raise_if_failed(slot)
 
     def _take_cells(self, slot: Slot, wanted: int) -> int:
         """Cells for the next micro-batch: as many as fit; none at all fails every processing slot."""

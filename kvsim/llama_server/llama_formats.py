@@ -1,9 +1,13 @@
 """The reply shapes of llama-server's generation routes (``server-task.cpp`` ``to_json_*``), one class each.
 
 A format renders the stream's events (``start`` before the first token, ``delta`` per token, ``end`` after the
-last), the non-streamed body, and an error after the headers: ``data: {"error": ...}`` for every route but
-Anthropic's ``event: error``. OpenAI chat and completions streams end with ``data: [DONE]``; the native, Responses
-and Anthropic streams end without it.
+last, ``finish`` once the request's every task ended), the non-streamed body, and an error after the headers:
+``data: {"error": ...}`` for every route but Anthropic's ``event: error``. OpenAI chat and completions streams end
+with ``data: [DONE]``; the native, Responses and Anthropic streams end without it.
+
+A batch (several prompts) has one format per task, each with the task's ``index``; its stream opens with
+``data: null`` (as the real server's does) and its tasks' events interleave; ``merge`` makes the body: an array of
+the native results, or the OpenAI completion of the first with every task's choice (its usage stays the first's).
 """
 
 from __future__ import annotations
@@ -57,12 +61,22 @@ class Format(ABC):
     created: int
     model: str
     include_usage: bool = False
+    index: int = 0
 
     def head(self) -> dict[str, Any]:
         return {"created": self.created, "id": self.ident, "model": self.model, "system_fingerprint": BUILD_INFO}
 
     def start(self) -> bytes:
         return b""
+
+    def finish(self) -> bytes:
+        """After the last task's ``end``."""
+        return b""
+
+    @staticmethod
+    def merge(bodies: list[dict[str, Any]]) -> Any:
+        """The body of a batch: the native results as an array (see the subclasses)."""
+        return bodies[0] if len(bodies) == 1 else bodies
 
     @abstractmethod
     def delta(self, piece: str, token: int, r: ServerResult) -> bytes:
@@ -95,7 +109,10 @@ class ChatFormat(Format):
         out = sse(self._chunk({"finish_reason": r.finish_reason, "index": 0, "delta": {}}, timings=timings(r, n)))
         if self.include_usage:
             out += sse({"choices": [], **self.head(), "object": "chat.completion.chunk", "usage": oai_usage(r)})
-        return out + b"data: [DONE]\n\n"
+        return out
+
+    def finish(self) -> bytes:
+        return b"data: [DONE]\n\n"
 
     def body(self, r: ServerResult, text: str) -> dict[str, Any]:
         choice = {"finish_reason": r.finish_reason, "index": 0, "message": {"role": "assistant", "content": text}}
@@ -110,18 +127,28 @@ class ChatFormat(Format):
 
 class OaiCompletionFormat(Format):
     def delta(self, piece: str, token: int, r: ServerResult) -> bytes:
-        choice = {"text": piece, "index": 0, "logprobs": None, "finish_reason": None}
+        choice = {"text": piece, "index": self.index, "logprobs": None, "finish_reason": None}
         return sse({"choices": [choice], **self.head(), "object": "text_completion"})
 
     def end(self, r: ServerResult, text: str) -> bytes:
-        choice = {"text": "", "index": 0, "logprobs": None, "finish_reason": r.finish_reason}
+        choice = {"text": "", "index": self.index, "logprobs": None, "finish_reason": r.finish_reason}
         final = {"choices": [choice], **self.head(), "object": "text_completion"}
         if self.include_usage:
             final["usage"] = oai_usage(r)
-        return sse(final) + b"data: [DONE]\n\n"
+        return sse(final)
+
+    def finish(self) -> bytes:
+        return b"data: [DONE]\n\n"
+
+    @staticmethod
+    def merge(bodies: list[dict[str, Any]]) -> Any:
+        """Every task's choice in the first task's completion (``handle_completions_impl``)."""
+        merged = dict(bodies[0])
+        merged["choices"] = [body["choices"][0] for body in bodies]
+        return merged
 
     def body(self, r: ServerResult, text: str) -> dict[str, Any]:
-        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": r.finish_reason}
+        choice = {"text": text, "index": self.index, "logprobs": None, "finish_reason": r.finish_reason}
         return {
             "choices": [choice],
             **self.head(),
@@ -139,7 +166,7 @@ class NativeFormat(Format):
     def delta(self, piece: str, token: int, r: ServerResult) -> bytes:
         return sse(
             {
-                "index": 0,
+                "index": self.index,
                 "content": piece,
                 "tokens": [token],
                 "stop": False,
@@ -158,7 +185,7 @@ class NativeFormat(Format):
     def _final(self, r: ServerResult, text: str) -> dict[str, Any]:
         n = len(r.content_ids)
         return {
-            "index": 0,
+            "index": self.index,
             "content": text,
             "tokens": [],
             "id_slot": r.id_slot,

@@ -12,6 +12,11 @@ Facts from llama-server.md section 1 and the server's converters (``server-chat.
   ``top_p``, ``top_k``, ``stream`` and ``chat_template_kwargs`` pass through, so ``n_predict`` and ``ignore_eos``
   are dropped.
 - ``/infill`` needs the vocabulary's FIM prefix/suffix/middle tokens, else 501.
+- ``prompt`` (``tokenize_input_prompts``, checked against the real server): an array with no token id in it is a
+  batch, one task per element; a string, an array of token ids, or a mix of strings and ids (BOS only when the
+  mix starts with a string) is one prompt; ``{"prompt_string": ...}`` is one prompt too. An empty batch is 400
+  ``"prompt" must not be empty``; any other element is 400 ``"prompt" elements must be ...``. The embedding routes
+  read ``input`` (else ``content``) the same way (empty: ``"input" must not be empty``).
 """
 
 from __future__ import annotations
@@ -28,12 +33,22 @@ ANTHROPIC_DEFAULT_MAX_TOKENS = 4096
 _FIM_TEXTS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 
 
+ELEMENTS_ERROR = ('"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt string, '
+                  "or a list of mixed strings & tokens.")
+
+
 @dataclass(frozen=True)
 class Generation:
-    prompt: list[int]
+    """One generation request: its prompts (one task each; one prompt unless the body sent a batch)."""
+
+    prompts: tuple[list[int], ...]
     n_predict: int
     ignore_eos: bool
     stream: bool
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.prompts[0]
 
 
 def n_predict_of(body: dict[str, Any]) -> int:
@@ -60,8 +75,8 @@ def _text(content: Any) -> str:
     return ""
 
 
-def _generation(engine: LlamaServerEngine, body: dict[str, Any], prompt: list[int]) -> Generation:
-    return Generation(prompt, n_predict_of(body), body.get("ignore_eos") is True, body.get("stream") is True)
+def _generation(engine: LlamaServerEngine, body: dict[str, Any], *prompts: list[int]) -> Generation:
+    return Generation(prompts, n_predict_of(body), body.get("ignore_eos") is True, body.get("stream") is True)
 
 
 def chat_prompt(engine: LlamaServerEngine, body: dict[str, Any]) -> list[int]:
@@ -119,17 +134,43 @@ def anthropic(engine: LlamaServerEngine, body: dict[str, Any]) -> Generation:
     return chat(engine, converted)
 
 
-def _prompt_tokens(engine: LlamaServerEngine, raw: Any) -> list[int]:
-    if isinstance(raw, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
-        return list(raw)
+def _token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _subprompt(engine: LlamaServerEngine, raw: Any) -> list[int]:
+    """``tokenize_input_subprompt``: a string, token ids, a mix (``tokenize_mixed``), or a prompt_string object."""
+    if isinstance(raw, dict) and isinstance(raw.get("prompt_string"), str):
+        raw = raw["prompt_string"]
     if isinstance(raw, str):
         return engine.tokenizer.encode(raw)
-    raise SimError(400, '"prompt" must be a string, a list of tokens, or a list of mixed strings & tokens')
+    if not isinstance(raw, list) or not all(_token_id(t) or isinstance(t, str) for t in raw):
+        raise SimError(400, ELEMENTS_ERROR)
+    if raw and not any(_token_id(t) for t in raw):
+        raise SimError(400, ELEMENTS_ERROR)  # strings only: a batch, not one prompt
+    ids: list[int] = []
+    for position, part in enumerate(raw):
+        if _token_id(part):
+            ids.append(part)
+            continue
+        encoded = engine.tokenizer.encode(part)
+        bos = engine.spec.bos_id if engine.spec.add_bos else None
+        ids.extend(encoded[1:] if position > 0 and encoded[:1] == [bos] else encoded)  # BOS only when first
+    return ids
+
+
+def prompts_of(engine: LlamaServerEngine, raw: Any, *, field: str = "prompt") -> tuple[list[int], ...]:
+    """``tokenize_input_prompts``: one prompt, or a batch of them (an array without a token id in it)."""
+    if isinstance(raw, list) and not any(_token_id(t) for t in raw):
+        if not raw:
+            raise SimError(400, f'"{field}" must not be empty')
+        return tuple(_subprompt(engine, item) for item in raw)
+    return (_subprompt(engine, raw),)
 
 
 def completion(engine: LlamaServerEngine, body: dict[str, Any]) -> Generation:
-    """Native ``/completion`` and ``/completions``: ``prompt`` is a string or a list of token ids."""
-    return _generation(engine, body, _prompt_tokens(engine, body.get("prompt", "")))
+    """Native ``/completion`` and ``/completions``: ``prompt`` is one prompt or a batch (``prompts_of``)."""
+    return _generation(engine, body, *prompts_of(engine, body.get("prompt", "")))
 
 
 def oai_completion(engine: LlamaServerEngine, body: dict[str, Any]) -> Generation:
@@ -139,7 +180,7 @@ def oai_completion(engine: LlamaServerEngine, body: dict[str, Any]) -> Generatio
     for unsupported in ("best_of", "suffix"):
         if unsupported in body:
             raise SimError(400, f"Unsupported param: {unsupported}")
-    return _generation(engine, body, _prompt_tokens(engine, body["prompt"]))
+    return _generation(engine, body, *prompts_of(engine, body["prompt"]))
 
 
 def fim_tokens(engine: LlamaServerEngine) -> tuple[int, int, int] | None:

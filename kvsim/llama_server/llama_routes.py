@@ -8,8 +8,11 @@ error event and the stream ends without ``[DONE]``.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import random
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -111,32 +114,86 @@ def route(parse: Parser, kind: type[Format]) -> Handler:
     return handler
 
 
-async def _generate(
-    request: web.Request, engine: LlamaServerEngine, gen: Generation, fmt: Format
-) -> web.StreamResponse:
-    state = request.app[SIM_STATE]
-    out = LazyStream(request, "text/event-stream")
-    result = ServerResult()
-    text: list[str] = []
-    state.stats.requests += 1
+@dataclass(frozen=True)
+class _Event:
+    """What one task of a request did: generated ``token`` (``piece``), ended (``done``), or failed (``error``)."""
+
+    index: int
+    token: int = -1
+    piece: str = ""
+    done: bool = False
+    error: SimError | None = None
+
+
+async def _run_task(
+    engine: LlamaServerEngine, gen: Generation, index: int, result: ServerResult, events: asyncio.Queue[_Event]
+) -> None:
+    """One task (one prompt) in a slot of its own; a batch larger than the slots waits in the deferred queue. Each
+    token waits until the reply has written it (the result it reads is the task's live one)."""
     try:
         async with engine.slot() as slot:
             slot.stream = gen.stream
-            async for token in engine.run(slot, gen.prompt, gen.n_predict, result, ignore_eos=gen.ignore_eos):
-                piece = engine.tokenizer.piece(token)
-                text.append(piece)
-                if gen.stream:
-                    await out.write((fmt.start() if not out.started else b"") + fmt.delta(piece, token, result))
+            async for token in engine.run(slot, gen.prompts[index], gen.n_predict, result, ignore_eos=gen.ignore_eos):
+                await events.put(_Event(index, token, engine.tokenizer.piece(token)))
+                await events.join()
     except SimError as exc:
-        state.stats.failed += 1
-        if gen.stream and out.started:
-            await out.write(fmt.error_event(error_body(exc)))
-            return await out.finish()
-        return error_reply(exc)
+        await events.put(_Event(index, error=exc))
+        return
+    await events.put(_Event(index, done=True))
+
+
+async def _generate(
+    request: web.Request, engine: LlamaServerEngine, gen: Generation, fmt: Format
+) -> web.StreamResponse:
+    """Run every task of the request at once (each in its own slot); the first error ends the request (the other
+    tasks are cancelled, ``server_response_reader::stop``)."""
+    state = request.app[SIM_STATE]
+    out = LazyStream(request, "text/event-stream")
+    count = len(gen.prompts)
+    formats = [fmt] if count == 1 else [dataclasses.replace(fmt, index=i) for i in range(count)]
+    results = [ServerResult() for _ in range(count)]
+    texts: list[list[str]] = [[] for _ in range(count)]
+    events: asyncio.Queue[_Event] = asyncio.Queue()
+    state.stats.requests += 1
+    tasks = [asyncio.ensure_future(_run_task(engine, gen, i, results[i], events)) for i in range(count)]
+
+    def opening(task_format: Format) -> bytes:
+        if out.started:
+            return b""
+        return (b"data: null\n\n" if count > 1 else b"") + task_format.start()
+
+    try:
+        ended = 0
+        while ended < count:
+            event = await events.get()
+            task_format = formats[event.index]
+            if event.error is not None:
+                state.stats.failed += 1
+                if gen.stream and out.started:
+                    await out.write(task_format.error_event(error_body(event.error)))
+                    return await out.finish()
+                return error_reply(event.error)
+            if event.done:
+                ended += 1
+                if gen.stream:
+                    text = "".join(texts[event.index])
+                    await out.write(opening(task_format) + task_format.end(results[event.index], text))
+                events.task_done()
+                continue
+            texts[event.index].append(event.piece)
+            if gen.stream:
+                delta = task_format.delta(event.piece, event.token, results[event.index])
+                await out.write(opening(task_format) + delta)
+            events.task_done()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     state.stats.completed += 1
     if not gen.stream:
-        return reply(200, fmt.body(result, "".join(text)))
-    await out.write((fmt.start() if not out.started else b"") + fmt.end(result, "".join(text)))
+        bodies = [f.body(r, "".join(t)) for f, r, t in zip(formats, results, texts, strict=True)]
+        return reply(200, type(fmt).merge(bodies))
+    await out.write(fmt.finish())
     return await out.finish()
 
 

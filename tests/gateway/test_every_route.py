@@ -12,7 +12,7 @@ from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
 
 BODY = {"model": "llama3.1:8b", "messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "input": "hi",
-        "content": "hi", "tokens": [1, 2], "stream": False}
+        "content": "hi", "tokens": [1, 2], "query": "hi", "documents": ["a", "b"], "stream": False}
 FORWARDED = [(method, route.path) for route in ROUTES if route.handling is not Handling.LISTING
              for method in route.methods]
 

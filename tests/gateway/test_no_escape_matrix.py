@@ -28,6 +28,15 @@ Backends and bursts:
   (four 256-cell slots; one prompt of the burst is longer than a slot). A covering subset: one cell per route, the
   other axes cycling (``covering_cells``), so every value of every axis appears at least once per layout, and
   the two layouts use different combinations.
+
+Issue 22 point 5 adds the shapes a backend runs as several sequences (``BATCH_SHAPES``: batches of strings, of
+token-id lists, mixed, of one, past the slot count, an empty batch, nested garbage; embeddings of one and of many
+inputs; reranks of many documents), each streamed and not where the route streams, against the simulated
+llama-server (``-c 256``, 4 slots on one unified pool, ``--embeddings --reranking``): a burst of 4 requests whose
+tasks together overrun the pool (batches of ~58-token prompts with 120-token answers; embedding and rerank inputs
+of ~133 tokens, two of which overrun it while they are processed). Straight at the simulator every shape the server
+accepts fails somewhere ("Context size has been exceeded."); through kvgate none does, and every one completes (the
+empty batch and the garbage are the server's own 400, both ways).
 """
 
 from __future__ import annotations
@@ -48,11 +57,14 @@ from kvsim.runner import start_sim
 from tests.support.gateway_server import running_gateway
 from tests.support.llama_server import RunningLlamaServer, run_llama_server
 from tests.support.no_escape import (
+    BATCH_SHAPES,
     LLAMA_ROUTES,
     MATRICES,
     MODELS,
     OLLAMA_ROUTES,
+    REFUSED_SHAPES,
     Cell,
+    Shape,
     Tally,
     Target,
     bodies_for,
@@ -61,6 +73,8 @@ from tests.support.no_escape import (
     failure_reasons,
     full_cross_product,
     render_matrix,
+    render_shapes,
+    shape_body,
     sim_stat,
 )
 from tests.support.tinymodel import VOCAB_DIR, write_tiny_model
@@ -270,3 +284,45 @@ async def test_real_llama_server_covering_matrix(real_layout: tuple[Target, Runn
         results, skipped = await _run_matrix(target, cells, server.url, gated)
     _report(target, results, skipped, started)
     _assert(results, must_overrun=list(results))
+
+
+SHAPES_CONFIG = SimConfig(
+    mode="llama-server", server_model="phi3:mini", ctx_size=256, time_scale=10.0, prompt_tokens_per_s=500.0,
+    gen_tokens_per_s=2000.0, min_response_tokens=5000, max_response_tokens=5000, embeddings=True, reranking=True,
+)
+SHAPES_TITLE = "simulated llama-server, -c 256, 4 slots on one unified pool, --embeddings --reranking: batch shapes"
+BURST = 4
+
+
+async def test_simulated_llama_server_batch_shapes_matrix() -> None:
+    started = time.monotonic()
+    cells = [(shape, stream) for shape in BATCH_SHAPES for stream in ((False, True) if shape.streams else (False,))]
+    results: dict[tuple[Shape, bool], tuple[Tally, Tally]] = {}
+    async with (
+        _sim(SHAPES_CONFIG) as direct,
+        _sim(SHAPES_CONFIG) as behind,
+        running_gateway([{"name": "ls", "kind": "llama-server", "url": behind}]) as gated,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http,
+    ):
+        for shape, stream in cells:
+            bodies = [shape_body(shape, stream, i, prompt_words=40, output_tokens=120, input_words=100)
+                      for i in range(BURST)]
+            straight = await burst(http, direct, shape.route, bodies, TIMEOUT_S)
+            through = await burst(http, gated, shape.route, bodies, TIMEOUT_S)
+            results[(shape, stream)] = (straight, through)
+    lines = [render_shapes(SHAPES_TITLE, results)]
+    escaped = [f"{shape.label(stream)}: {next(r for r in g.reasons if not r.startswith('refused'))}"
+               for (shape, stream), (_, g) in results.items() if g.failed]
+    if escaped:
+        lines.append("through kvgate, failing cells (first reason):\n  " + "\n  ".join(escaped))
+    lines.append(f"wall time: {time.monotonic() - started:.1f} s")
+    print("\n" + "\n".join(lines))
+    MATRICES.append("\n".join(lines))
+    runnable = {cell: r for cell, r in results.items() if cell[0].name not in REFUSED_SHAPES}
+    overrun = [cell for cell, (direct_tally, _) in runnable.items() if direct_tally.failed]
+    assert len(overrun) == len(runnable), (
+        f"the bursts overran the simulator in only {len(overrun)} of {len(runnable)} cells: they prove nothing")
+    assert all(d.refused == BURST and g.refused == BURST for cell, (d, g) in results.items()
+               if cell[0].name in REFUSED_SHAPES)  # both answer the server's own 400
+    assert not escaped, f"{len(escaped)} cells failed through kvgate (printed above)"
+    assert all(g.ok == BURST for cell, (_, g) in runnable.items()), "kvgate refused a shape the server could run"

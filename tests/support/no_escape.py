@@ -283,7 +283,18 @@ def _json(text: str | bytes) -> Any:
         return None
 
 
+EMBEDDING_ROUTES = ("/embedding", "/embeddings", "/v1/embeddings")
+RERANK_ROUTES = ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")
+
+
 def _completed_body(route: str, payload: Any) -> bool:
+    if route in EMBEDDING_ROUTES:  # native: one result per input; OpenAI: "data"
+        items = payload if isinstance(payload, list) else payload.get("data") if isinstance(payload, dict) else None
+        return isinstance(items, list) and bool(items)
+    if route in RERANK_ROUTES:  # Jina: "results"; TEI: a list
+        return isinstance(payload, list) or (isinstance(payload, dict) and isinstance(payload.get("results"), list))
+    if isinstance(payload, list) and route in ("/completion", "/completions"):  # a batch: one result per prompt
+        return bool(payload) and all(_completed_body(route, item) for item in payload)
     if not isinstance(payload, dict) or payload.get("error") is not None:  # a Responses object has "error": null
         return False
     if route.startswith("/api/"):
@@ -405,4 +416,89 @@ def failure_reasons(results: dict[Cell, tuple[Tally, Tally]]) -> str:
         if gated.failed:
             first = next(r for r in gated.reasons if not r.startswith("refused"))
             lines.append(f"  {cell.label()} model={cell.model}: {gated.failed} x {first}")
+    return "\n".join(lines)
+
+
+# --- issue 22 point 5: shapes the backend runs as several sequences -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One request shape of the batch matrix: a route and a body builder (``index`` varies the text per request);
+    ``streams`` says whether the route streams (completions) or not (embeddings, reranking)."""
+
+    name: str
+    route: str
+    streams: bool = True
+
+    def label(self, stream: bool) -> str:
+        return f"{self.name:<24} {self.route:<16} {'stream' if stream else 'plain '}"
+
+
+BATCH_SHAPES = (
+    Shape("batch of strings", "/completion"),
+    Shape("batch of strings", "/v1/completions"),
+    Shape("batch of token-id lists", "/v1/completions"),
+    Shape("batch of token-id lists", "/completions"),
+    Shape("batch mixed", "/completion"),
+    Shape("batch of one", "/v1/completions"),
+    Shape("batch of one", "/completion"),
+    Shape("batch past the slots", "/completion"),
+    Shape("batch past the slots", "/v1/completions"),
+    Shape("empty batch", "/completion"),
+    Shape("empty batch", "/v1/completions"),
+    Shape("nested garbage", "/completion"),
+    Shape("nested garbage", "/v1/completions"),
+    Shape("embedding of one", "/v1/embeddings", streams=False),
+    Shape("embedding of one", "/embedding", streams=False),
+    Shape("embedding of many", "/v1/embeddings", streams=False),
+    Shape("embedding of many", "/embeddings", streams=False),
+    Shape("rerank of many", "/rerank", streams=False),
+    Shape("rerank of many", "/v1/rerank", streams=False),
+)
+REFUSED_SHAPES = ("empty batch", "nested garbage")
+"""Shapes llama-server itself refuses with a 400 (kvgate too, on its own routes): they prove no overrun."""
+
+
+def _ids(index: int, count: int) -> list[int]:
+    return [300 + (index * 37 + i * 11) % 20000 for i in range(count)]
+
+
+def shape_body(shape: Shape, stream: bool, index: int, *, prompt_words: int, output_tokens: int,
+               input_words: int) -> dict[str, Any]:
+    """One request of the shape's burst: prompts of about ``prompt_words`` words (a batch's first prompt longer
+    than the others, so that the tasks the server runs at once can overrun the pool while the longest ones that
+    kvgate reserves still fit), answers of ``output_tokens`` that never stop early (``ignore_eos``); an embedding's
+    or a rerank's first input of ``input_words`` (no output: their own tokens must overrun the pool)."""
+    long_text, short_text = prompt_text(index, prompt_words), prompt_text(index + 50, max(2, prompt_words // 4))
+    body: dict[str, Any] = {"ignore_eos": True, "stream": stream} if shape.streams else {}
+    long_input, short_inputs = prompt_text(index, input_words), [prompt_text(index + k, 3) for k in (1, 2)]
+    if shape.route in EMBEDDING_ROUTES:
+        inputs: Any = long_input if shape.name == "embedding of one" else [long_input, *short_inputs]
+        return {"input" if shape.route == "/v1/embeddings" else "content": inputs}
+    if shape.route in RERANK_ROUTES:
+        return {"query": f"which of these is about item {index}", "documents": [long_input, *short_inputs]}
+    prompts: Any = {
+        "batch of strings": [long_text, short_text, short_text],
+        "batch of token-id lists": [_ids(index, prompt_words), _ids(index + 1, prompt_words // 4),
+                                    _ids(index + 2, prompt_words // 4)],
+        "batch mixed": [_ids(index, prompt_words), short_text, [short_text, 5, 6]],
+        "batch of one": [long_text],
+        "batch past the slots": [long_text] + [prompt_text(index + k, 2) for k in range(7)],
+        "empty batch": [],
+        "nested garbage": [["not", "a", "prompt"], [[1, 2]], {"no": "prompt_string"}],
+    }[shape.name]
+    limit = "max_tokens" if shape.route == "/v1/completions" else "n_predict"
+    return {**body, "prompt": prompts, limit: output_tokens}
+
+
+def render_shapes(title: str, results: dict[tuple[Shape, bool], tuple[Tally, Tally]]) -> str:
+    """Rows: shape x route x stream; columns: straight at the backend and through kvgate (ok / refused / failed)."""
+    lines = [f"== {title}: ok/refused/failed of each burst, straight at the backend | through kvgate"]
+    for (shape, stream), (direct, gated) in results.items():
+        lines.append(f"{shape.label(stream)} | {direct.ok:>2}/{direct.refused:>2}/{direct.failed:>2} | "
+                     f"{gated.ok:>2}/{gated.refused:>2}/{gated.failed:>2}")
+    direct_cells = sum(1 for d, _ in results.values() if d.failed)
+    gated_cells = sum(1 for _, g in results.values() if g.failed)
+    lines.append(f"cells: {len(results)}; with direct failures: {direct_cells}; with kvgate failures: {gated_cells}")
     return "\n".join(lines)

@@ -92,6 +92,16 @@ async def test_a_count_over_its_budget_is_estimated_and_finishes_in_the_backgrou
 
 async def test_a_request_without_a_prompt_is_refused() -> None:
     counter, backend = setup()
-    embed = parse(Dialect.OPENAI, Operation.EMBED, {"model": LISTED, "input": "x"}, "/v1/embeddings")
+    tokenize = parse(Dialect.LLAMACPP, Operation.TOKENIZE, {"content": "x"}, "/tokenize")
     with pytest.raises(ValueError, match="no prompt to count"):
-        await counter.count(embed, backend)
+        await counter.count(tokenize, backend)
+
+
+async def test_an_embedding_counts_each_input_on_its_own() -> None:
+    """Each input of an embedding is a task (and a sequence) of its own on llama-server: counted one by one."""
+    counter, backend = setup()
+    embed = parse(Dialect.OPENAI, Operation.EMBED, {"model": LISTED, "input": ["one two", "three", [1, 2, 3]]},
+                  "/v1/embeddings")
+    counted = await counter.count(embed, backend)
+    assert len(counted.per_prompt) == 3 and counted.per_prompt[2] == 3
+    assert counted.tokens == sum(counted.per_prompt)
