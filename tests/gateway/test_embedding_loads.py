@@ -60,7 +60,7 @@ async def test_an_embedding_load_that_cannot_fit_is_refused_not_attempted() -> N
     """A foreign process holds nearly all of the GPU: straight at Ollama the embedding model's load fails; through
     kvgate the load waits (``load_wait_s``) and is refused with the numbers, and Ollama never tried it."""
     async with simulator(llama_fit=False, gpu_bytes=(4 * GIB,)) as sim, running_gateway(
-            [backend_for(sim)], residency={"load_wait_s": 0.2}) as url:
+            [{**backend_for(sim), "cpu_offload": "off"}], residency={"load_wait_s": 0.2}) as url:  # fit off: no spill
         status, _, pid = await call(sim, "POST", "/sim/processes", {"name": "trainer", "bytes": 4 * GIB - (64 << 20)})
         assert status in (200, 201), pid
         status, _, body = await call(url, "POST", "/api/embed", {"model": "nomic-embed-text", "input": "hi"})
