@@ -71,6 +71,9 @@ class OllamaProber(_Prober):
     def __init__(self, client: BackendClient, *, timeout_s: float = 30.0) -> None:
         super().__init__(client, timeout_s)
         self._profiles: dict[str, ModelProfile] = {}
+        self._underivable: dict[str, ProfileUnderivable] = {}
+        """Models (by digest; without one, by name and size) whose /api/show answered but gave no profile: the same
+        model answers the same, so it is not asked again on every pool probe (a model re-pulled has a new digest)."""
         self._shared: SingleFlight[str, Any] = SingleFlight()
         self._showing: SingleFlight[str, ModelProfile] = SingleFlight()
         self._version: str | None = None
@@ -90,6 +93,9 @@ class OllamaProber(_Prober):
         cached = self._profiles.get(key)
         if cached is not None:
             return cached
+        failed = self._underivable.get(_identity(tag))
+        if failed is not None:
+            raise failed
         return await self._showing.run(key, lambda: self._profile_from_show(key, tag), max_age_s=RECENT_PROBE_S)
 
     async def _profile_from_show(self, key: str, tag: TagEntry) -> ModelProfile:
@@ -99,7 +105,9 @@ class OllamaProber(_Prober):
                 show = await self._show(tag.name, verbose=True)
             profile = profile_from_show(tag.name, show, size_bytes=tag.size_bytes, digest=tag.digest)
         except (ValueError, ProfileError) as exc:
-            raise ProfileUnderivable(f"Ollama model {tag.name}: {exc}") from exc
+            failed = ProfileUnderivable(f"Ollama model {tag.name}: {exc}")
+            self._underivable[_identity(tag)] = failed
+            raise failed from exc
         self._profiles[key] = profile
         return profile
 
@@ -241,3 +249,8 @@ async def detect_backend(client: BackendClient, *, timeout_s: float = 10.0) -> B
     if isinstance(props, dict) and "default_generation_settings" in props:
         return BackendKind.LLAMA_SERVER
     raise ProbeError(f"{client.label} answers /props without default_generation_settings; not a llama-server")
+
+
+def _identity(tag: TagEntry) -> str:
+    """What names one version of a model: its digest, else its name and size (a re-pull changes either)."""
+    return tag.digest or f"{tag.name}@{tag.size_bytes}"
