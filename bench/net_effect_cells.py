@@ -147,15 +147,14 @@ def offload_cell() -> Cell:
 def refusal_cells() -> Iterator[Cell]:
     rng = random.Random(3)
     long_prompts = tuple(openai_chat("served-model", [{"role": "user", "content": _long_prompt(rng, 2600)}],
-                                     stream=i % 2 == 1, max_tokens=200) for i in range(4))
+                                     stream=i % 2 == 1, max_tokens=200) for i in range(12))
     yield Cell("openai-compatible, 2,600-token prompts",
-               "4,096-token context: prompts of ~2,600 tokens, max_tokens 200",
+               "4,096-token context: 12 prompts of ~2,600 tokens, max_tokens 200",
                (Sim(_llama_sim(n_parallel=1), kind="openai",
                     settings=(("parallel", 1), ("context_tokens", 4096))),),
                Burst(long_prompts), setup="backend URL + parallel 1 + context_tokens 4096")
-    n2 = tuple(openai_chat(MODEL, [{"role": "user", "content": words(rng, 50)}], stream=i % 2 == 1, n=2)
-               for i in range(4))
-    yield Cell("n: 2 on Ollama /v1", "Ollama answers one choice whatever n says", (Sim(_sim()),), Burst(n2),
+    yield Cell("n: 2 on Ollama /v1", "Ollama answers one choice whatever n says: 4 chats x 5 turns with n: 2",
+               (Sim(_sim()),), Chats(clients=4, turns=5, model=MODEL, route="openai", extra=(("n", 2),)),
                models=(MODEL,))
     summarizer = tuple(openai_chat(MODEL, [
         {"role": "system", "content": "Summarize this partial conversation."},
@@ -165,9 +164,10 @@ def refusal_cells() -> Iterator[Cell]:
 
 
 def _batch(rng: random.Random, prompts: int, tokens: int, max_tokens: int, path: str) -> Request:
-    body = {"prompt": [_long_prompt(rng, tokens) for _ in range(prompts)], "max_tokens": max_tokens}
-    if path == "/completion":
-        body = {"prompt": body["prompt"], "n_predict": max_tokens}
+    """A multi-prompt batch whose answers run to their limit (``ignore_eos``, as bench/no_escape's bursts do), so
+    that what the pool must hold is what the limit says."""
+    body: dict[str, Any] = {"prompt": [_long_prompt(rng, tokens) for _ in range(prompts)], "ignore_eos": True}
+    body["n_predict" if path == "/completion" else "max_tokens"] = max_tokens
     return Request(path, body, "llama" if path == "/completion" else "openai", False)
 
 
@@ -179,6 +179,26 @@ def batch_cells() -> Iterator[Cell]:
     yield Cell("multi-prompt batches, a burst", "8 batches of 2 prompts (~600 tokens, n_predict 300) on /completion",
                (Sim(_llama_sim(), kind="llama-server"),),
                Burst(tuple(_batch(rng, 2, 600, 300, "/completion") for _ in range(8))))
+    yield Cell("multi-prompt batches that fit", "4 rounds of 4 batches of 2 prompts (~300 tokens, n_predict 100) "
+               "on /v1/completions: every round fits the pool", (Sim(_llama_sim(), kind="llama-server"),),
+               Phases(tuple(Burst(tuple(_batch(rng, 2, 300, 100, "/v1/completions") for _ in range(4)))
+                            for _ in range(4))))
+
+
+def embedding_cell() -> Cell:
+    """Embedding batches beside chats on one llama-server started with --embeddings: every input is a task holding
+    a slot and its cells in the unified pool the chats use."""
+    rng = random.Random(8)
+    def round_(index: int) -> Burst:
+        chats = [openai_chat(None, [{"role": "user", "content": _long_prompt(rng, 900)}], stream=i % 2 == 1,
+                             max_tokens=600, ignore_eos=True) for i in range(2)]
+        embeds = [Request("/v1/embeddings", {"input": [_long_prompt(rng, 700) for _ in range(3)]}, "embed")
+                  for _ in range(2)]
+        return Burst(tuple(item for pair in zip(chats, embeds, strict=True) for item in pair))
+
+    return Cell("embeddings beside chats", "llama-server --embeddings -c 4096: 4 rounds of 2 chats (~900 + 600 "
+                "tokens) and 2 embedding batches of 3 x ~700 tokens at once",
+                (Sim(_llama_sim(embeddings=True), kind="llama-server"),), Phases(tuple(round_(i) for i in range(4))))
 
 
 def unified_cells() -> Iterator[Cell]:
@@ -194,15 +214,17 @@ def unified_cells() -> Iterator[Cell]:
                Chats(clients=8, turns=2, model=None, route="openai", first_words=480, turn_words=20))
 
 
-GPU_SETUP = "backend URL + vram (the simulator's exporter); residency timings in simulated time"
+GPU_SETUP = "backend URL + vram (the simulator's exporter); load_wait_s in simulated time"
+
+
+FIT_OFF_SETUP = " + cpu_offload off (the backend runs with LLAMA_ARG_FIT=off)"
 
 
 def _scaled_residency(config: SimConfig) -> tuple[tuple[str, Any], ...]:
-    """kvgate's residency timings (``min_resident_s`` 30 s, ``load_wait_s`` 30 s by default) measured in the
-    simulator's time, as ``kvgate demo`` does: against a simulator 8x faster than real time, 30 real seconds would be
-    4 simulated minutes of holding a model or waiting for memory."""
-    scale = config.time_scale
-    return (("residency", {"min_resident_s": 30.0 / scale, "load_wait_s": max(1.0, 30.0 / scale)}),)
+    """kvgate's ``residency.load_wait_s`` (30 s by default) measured in the simulator's time, as ``kvgate demo``
+    does: against a simulator 8x faster than real time, 30 real seconds would be 4 simulated minutes of waiting for
+    memory."""
+    return (("residency", {"load_wait_s": max(1.0, 30.0 / config.time_scale)}),)
 
 
 def gpu_cells() -> Iterator[Cell]:
@@ -212,16 +234,17 @@ def gpu_cells() -> Iterator[Cell]:
         for index, evs in events.items() for event in evs if event.nbytes > 0)
     for fit in (False, True):
         config = replace(multi_model_sim_config(time_scale=8.0), llama_fit=fit)
+        settings: tuple[tuple[str, Any], ...] = (("vram", EXPORTER),) + (() if fit else (("cpu_offload", "off"),))
         yield Cell(f"three models, fit {'on' if fit else 'off'}", "llama3.1:8b, qwen2.5:32b, gemma3:27b on 24 GiB, "
-                   "users switching; a foreign process takes 8 GiB halfway",
-                   (Sim(config, settings=(("vram", EXPORTER),)),), _calls(phases), foreign=foreign,
-                   setup=GPU_SETUP, kvgate=_scaled_residency(config), models=config.models)
+                   "users switching; a foreign process takes 8 GiB halfway", (Sim(config, settings=settings),),
+                   _calls(phases), foreign=foreign, setup=GPU_SETUP + ("" if fit else FIT_OFF_SETUP),
+                   kvgate=_scaled_residency(config), models=config.models)
     config = _sim(num_parallel=2, llama_fit=False, load_s=3.0)
     chats = Chats(clients=4, turns=8, model=MODEL, extra=(("options", {"num_ctx": 65536}),), extra_for=(1, 3), seed=7)
     yield Cell("foreign process mid-run", "4 chats of 8 turns, two asking num_ctx 65536 (Ollama reloads for them); "
                "a foreign process takes 6 GiB 0.5 s in; llama.cpp's fit off",
-               (Sim(config, warm=(MODEL,), settings=(("vram", EXPORTER),)),), chats,
-               foreign=(Foreign(6 * GIB, at_s=0.5),), setup=GPU_SETUP, kvgate=_scaled_residency(config),
+               (Sim(config, warm=(MODEL,), settings=(("vram", EXPORTER), ("cpu_offload", "off"))),), chats,
+               foreign=(Foreign(6 * GIB, at_s=0.5),), setup=GPU_SETUP + FIT_OFF_SETUP, kvgate=_scaled_residency(config),
                models=(MODEL,))
 
 
@@ -242,8 +265,8 @@ def real_cells() -> Iterator[Cell]:
 
 
 def all_cells() -> list[Cell]:
-    return [*slot_cells(), *host_cells(), offload_cell(), *refusal_cells(), *batch_cells(), *unified_cells(),
-            *gpu_cells(), dead_cell(), *real_cells()]
+    return [*slot_cells(), *host_cells(), offload_cell(), *refusal_cells(), *batch_cells(), embedding_cell(),
+            *unified_cells(), *gpu_cells(), dead_cell(), *real_cells()]
 
 
 QUICK = ("ollama, 2 slots", "2 ollama hosts, cold", "n: 2 on Ollama /v1", "dead backend")

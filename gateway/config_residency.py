@@ -25,7 +25,9 @@ class ResidencyConfig(_Strict):
         default=2048, ge=256, description="the floor a model's context is lowered to when the asked one doesn't fit",
     )
     min_resident_s: float = Field(
-        default=30.0, ge=0, description="a model loaded more recently than this is not unloaded for another",
+        default=0.0, ge=0, description="a model loaded more recently than this is not unloaded for another (0: as "
+        "Ollama does, an idle model makes room at once; set it, e.g. 30, so that two models taking turns swap at "
+        "most once per interval)",
     )
     load_wait_s: float = Field(
         default=30.0, gt=0, description="how long a load waits for room (models in use, hysteresis) before a 503",
