@@ -16,6 +16,7 @@ yet (what a load will cost, how many slots a routing estimate counts on).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -123,18 +124,21 @@ async def read_slots(book: SlotBook, probes: BackendProbes, backend: Backend, mo
     reload) and its profile; a configured count the size disagrees with is reported."""
     if entry is None:
         return book.settle(backend, model, None, "the model has no /api/ps entry to read it from").slots
+    version = asyncio.ensure_future(probes.ollama_version(backend))  # read beside the profile: one round trip
     try:
         profile = await probes.profile(backend, model)
     except (ProfileUnderivable, LookupError) as exc:
+        version.cancel()
         return book.settle(backend, model, None, f"its profile can't be derived ({exc})").slots
     except ProbeError as exc:  # /api/show can't be asked right now: a count read before stands
+        version.cancel()
         before = book.sources.get((backend.name, model))
         if before is not None and backend.settings.parallel is None:
             return before.slots
         return book.settle(backend, model, None, f"its profile can't be read now ({exc})").slots
     settings = backend.settings
     inferred = infer_ollama_slots(profile, entry, type_k=settings.cache_type_k, type_v=settings.cache_type_v,
-                                  version=await probes.ollama_version(backend))
+                                  version=await version)
     return book.settle(backend, model, inferred).slots
 
 
