@@ -134,7 +134,7 @@ class OllamaShowSource:
         digest = await self._digest()
         key = f"ollama-{digest}" if digest else None
         if key and self.cache_dir is not None:
-            cached = TokenizerCache(self.cache_dir).load(key)
+            cached = await asyncio.to_thread(TokenizerCache(self.cache_dir).load, key)  # a file read: off the loop
             if cached is not None:
                 show = await self._request("POST", "/api/show", {"model": self.model})
                 return LoadedTokenizer(cached, chunkable=_chunkable(cached), ollama_template=_ollama_template(show))

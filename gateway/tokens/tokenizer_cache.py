@@ -62,6 +62,15 @@ class FileIdentity:
         return cls(str(resolved), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
 
 
+def _remember(identity: tuple[str, int, int, int], tokenizer: tokenizers.Tokenizer) -> None:
+    """Keep a loaded tokenizer for every later loader of the same file in this process (a second backend serving
+    the same model reads it in microseconds, not the half second a 128K vocabulary takes to parse)."""
+    _LOADED[identity] = tokenizer
+    _LOADED.move_to_end(identity)
+    while len(_LOADED) > LOADED_KEPT:
+        _LOADED.popitem(last=False)
+
+
 class TokenizerCache:
     """tokenizer.json files under one directory; `get_or_build` converts at most once per key."""
 
@@ -90,9 +99,7 @@ class TokenizerCache:
         except Exception as exc:  # a truncated or foreign file: rebuild it
             log.warning("ignoring unreadable cached tokenizer %s: %s", path, exc)
             return None
-        _LOADED[identity] = loaded
-        while len(_LOADED) > LOADED_KEPT:
-            _LOADED.popitem(last=False)
+        _remember(identity, loaded)
         return loaded
 
     def store(self, key: str, tokenizer_json: str | bytes) -> Path:
@@ -119,6 +126,12 @@ class TokenizerCache:
         text = build_json()
         tokenizer = tokenizers.Tokenizer.from_str(text)
         self.store_or_warn(key, text)
+        path = self.path_for(key)
+        try:  # the file just written is the one the next loader of this key (another backend's chain) reads
+            stat = path.stat()
+        except OSError:
+            return tokenizer
+        _remember((str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino), tokenizer)
         return tokenizer
 
     def file_key(self, path: Path) -> str | None:
