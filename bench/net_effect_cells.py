@@ -5,8 +5,8 @@ its default. Where a cell needs more, it says so in ``setup`` and the table prin
 cells about GPU memory (without one kvgate cannot see the GPU, and says so), ``parallel`` and ``context_tokens``
 for an OpenAI-compatible server (which reports no KV layout).
 
-The simulators run at ``time_scale`` (simulated seconds per real second): an answer of 60 tokens at 60 tokens/s
-takes 0.1 s of real time at 10x. kvgate runs in real time, as in production.
+The simulators run at ``TIME_SCALE`` (simulated seconds per real second): an answer of 60 tokens at 60 tokens/s
+takes 0.2 s of real time at 5x. kvgate runs in real time, as in production.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ EXPORTER = "<the simulator's /sim/metrics>"
 """A backend setting's value meaning the simulator's own GPU exporter URL (filled in when it runs)."""
 Kind = Literal["ollama", "llama-server", "openai"]
 MODEL = "llama3.1:8b"
+TIME_SCALE = 5.0
+"""The simulators' speed-up. kvgate's own costs are real time (a forwarded request about a millisecond, the probes
+after a model load tens of milliseconds), so the faster the simulator, the larger they weigh against the work: at
+5x a load of 2 simulated seconds takes 0.4 s, an answer of 100 tokens 0.33 s."""
 
 
 @dataclass(frozen=True)
@@ -86,13 +90,13 @@ class Cell:
 
 
 def _sim(**changes: Any) -> SimConfig:
-    base = SimConfig(models=(MODEL,), load_s=2.0, time_scale=10.0, gen_tokens_per_s=60.0,
+    base = SimConfig(models=(MODEL,), load_s=2.0, time_scale=TIME_SCALE, gen_tokens_per_s=60.0,
                      prompt_tokens_per_s=4000.0, min_response_tokens=40, max_response_tokens=120)
     return replace(base, **changes)
 
 
 def _llama_sim(**changes: Any) -> SimConfig:
-    base = SimConfig(mode="llama-server", ctx_size=4096, n_parallel=-1, load_s=0.0, time_scale=10.0,
+    base = SimConfig(mode="llama-server", ctx_size=4096, n_parallel=-1, load_s=0.0, time_scale=TIME_SCALE,
                      gen_tokens_per_s=60.0, prompt_tokens_per_s=4000.0, min_response_tokens=30,
                      max_response_tokens=80)
     return replace(base, **changes)
