@@ -84,6 +84,9 @@ class FakeProbes:
     def on_cpu(self, backend: str, model: str) -> float | None:
         return 0.0  # all on the GPU
 
+    async def ollama_version(self, backend: Backend) -> str | None:
+        return "0.30.0"
+
 
 @dataclass
 class Setup:

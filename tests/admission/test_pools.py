@@ -62,6 +62,9 @@ class FakeProbes:
     async def profile(self, backend: Backend, model: str) -> ModelProfile:
         raise LookupError("no profile in this test: one slot, assumed")
 
+    async def ollama_version(self, backend: Backend) -> str | None:
+        return "0.30.0"
+
     async def load_model(self, backend: Backend, model: str, num_ctx: int | None) -> None:
         await self._answer("generate")
         self.contexts[model] = num_ctx or self.load_context
