@@ -162,6 +162,11 @@ def create_app(
         checks.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await checks
+        await pools.aclose()  # shared calls no request's cancellation ends: ended before the session closes
+        await loads.aclose()
+        await app[PROBES].aclose()
+        await registry.aclose()
+        await app[GPU_REFRESHES].aclose()
         if refresher is not None:
             refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -25,6 +25,8 @@ MAX_KEYS = 256
 class SingleFlight(Generic[K, V]):
     def __init__(self, *, max_keys: int = MAX_KEYS, clock: Callable[[], float] = time.monotonic) -> None:
         self._calls: OrderedDict[K, tuple[float, asyncio.Future[V]]] = OrderedDict()
+        self._running: set[asyncio.Future[V]] = set()
+        """Calls in flight, forgotten keys' too: what aclose ends."""
         self._max_keys = max_keys
         self._clock = clock
         self.started = 0
@@ -45,6 +47,8 @@ class SingleFlight(Generic[K, V]):
             if recent and future.done() and not future.cancelled() and future.exception() is None:
                 return await asyncio.shield(future)
         future = asyncio.ensure_future(call())
+        self._running.add(future)
+        future.add_done_callback(self._running.discard)
         self.started += 1
         self._calls[key] = (asked_at, future)
         self._calls.move_to_end(key)
@@ -59,3 +63,11 @@ class SingleFlight(Generic[K, V]):
             entry = self._calls.get(key)
             if entry is not None and entry[1] is future:
                 del self._calls[key]
+
+    async def aclose(self) -> None:
+        """At shutdown: the calls still in flight (no waiter's cancellation ends them) end here, so none runs on
+        into a closed session and leaves a connection half open."""
+        running = list(self._running)
+        for future in running:
+            future.cancel()
+        await asyncio.gather(*running, return_exceptions=True)

@@ -163,6 +163,10 @@ class LoadGate:
         self.counts: dict[str, LoadCounts] = {}
         """Per backend: what kvgate loaded, unloaded, lowered, made wait and refused."""
 
+    async def aclose(self) -> None:
+        """End a shared preview read still in flight (at shutdown)."""
+        await self._previews.aclose()
+
     def _count(self, backend: Backend) -> LoadCounts:
         return self.counts.setdefault(backend.name, LoadCounts())
 

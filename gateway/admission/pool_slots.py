@@ -126,20 +126,22 @@ async def read_slots(book: SlotBook, probes: BackendProbes, backend: Backend, mo
         return book.settle(backend, model, None, "the model has no /api/ps entry to read it from").slots
     version = asyncio.ensure_future(probes.ollama_version(backend))  # read beside the profile: one round trip
     try:
-        profile = await probes.profile(backend, model)
-    except (ProfileUnderivable, LookupError) as exc:
+        try:
+            profile = await probes.profile(backend, model)
+        except (ProfileUnderivable, LookupError) as exc:
+            return book.settle(backend, model, None, f"its profile can't be derived ({exc})").slots
+        except ProbeError as exc:  # /api/show can't be asked right now: a count read before stands
+            before = book.sources.get((backend.name, model))
+            if before is not None and backend.settings.parallel is None:
+                return before.slots
+            return book.settle(backend, model, None, f"its profile can't be read now ({exc})").slots
+        settings = backend.settings
+        inferred = infer_ollama_slots(profile, entry, type_k=settings.cache_type_k, type_v=settings.cache_type_v,
+                                      version=await version)
+        return book.settle(backend, model, inferred).slots
+    finally:  # however this ends (the caller cancelled too), the read beside it ends with it, connection closed
         version.cancel()
-        return book.settle(backend, model, None, f"its profile can't be derived ({exc})").slots
-    except ProbeError as exc:  # /api/show can't be asked right now: a count read before stands
-        version.cancel()
-        before = book.sources.get((backend.name, model))
-        if before is not None and backend.settings.parallel is None:
-            return before.slots
-        return book.settle(backend, model, None, f"its profile can't be read now ({exc})").slots
-    settings = backend.settings
-    inferred = infer_ollama_slots(profile, entry, type_k=settings.cache_type_k, type_v=settings.cache_type_v,
-                                  version=await version)
-    return book.settle(backend, model, inferred).slots
+        await asyncio.gather(version, return_exceptions=True)
 
 
 def _label(backend: Backend, model: str) -> str:

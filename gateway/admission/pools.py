@@ -153,6 +153,14 @@ class PoolDirectory:
             running.add_done_callback(lambda _: self._probing.pop(pool_id, None))
         return await asyncio.shield(running)
 
+    async def aclose(self) -> None:
+        """At shutdown: the probes shared by waiting requests (shielded from any one request's cancellation) end
+        here, their connections closed, rather than running on into a closed session."""
+        running = list(self._probing.values())
+        for probe in running:
+            probe.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
     def mark_stale(self, backend: Backend, model: str) -> None:
         """The next request re-reads the layout (after a response that may have loaded or reloaded the model)."""
         self._stale.add((backend.name, model))

@@ -59,6 +59,11 @@ class _Prober:
     def __init__(self, client: BackendClient, timeout_s: float) -> None:
         self.client = client
         self._timeout_s = timeout_s
+        self._shared: SingleFlight[str, Any] = SingleFlight()
+
+    async def aclose(self) -> None:
+        """End the probes in flight (at shutdown)."""
+        await self._shared.aclose()
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
@@ -74,10 +79,13 @@ class OllamaProber(_Prober):
         self._underivable: dict[str, ProfileUnderivable] = {}
         """Models (by digest; without one, by name and size) whose /api/show answered but gave no profile: the same
         model answers the same, so it is not asked again on every pool probe (a model re-pulled has a new digest)."""
-        self._shared: SingleFlight[str, Any] = SingleFlight()
         self._showing: SingleFlight[str, ModelProfile] = SingleFlight()
         self._version: str | None = None
         self.show_requests = 0
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        await self._showing.aclose()
 
     async def profile(self, model: str) -> ModelProfile:
         """The model's profile: /api/tags read anew (a re-pulled model's new digest counts at once; requests asking
@@ -171,7 +179,6 @@ class LlamaServerProber(_Prober):
         self._fallback = fallback
         self._configured = (configured_unified, configured_parallel, configured_ctx_size)
         self._gguf_cache: dict[tuple[str, int], GgufSummary] = {}
-        self._shared: SingleFlight[str, Any] = SingleFlight()
 
     async def _summary(self, model_path: str) -> GgufSummary | None:
         path = self._gguf_path or (Path(model_path) if model_path else None)

@@ -41,6 +41,11 @@ class BackendProbes:
         self._on_cpu: dict[str, dict[str, float]] = {}
         """Per Ollama backend: the share on the CPU of each model its last /api/ps listed (1 - size_vram/size)."""
 
+    async def aclose(self) -> None:
+        """End every probe in flight (at shutdown, before the session closes)."""
+        for prober in [*self._ollama.values(), *self._llama.values()]:
+            await prober.aclose()
+
     async def profile(self, backend: Backend, model: str) -> ModelProfile:
         """The model's profile as the backend serves it; raises ProbeError when the backend can't tell."""
         if backend.kind is BackendKind.OLLAMA:

@@ -125,6 +125,10 @@ class BackendRegistry:
                 log.warning("could not list models: %s%s", backend.last_error,  # it names the backend
                             _loopback_hint(backend, exc))
 
+    async def aclose(self) -> None:
+        """End a shared listing still in flight (at shutdown)."""
+        await self._miss_refresh.aclose()
+
     async def refresh_all(self, backends: Iterable[Backend] | None = None) -> None:
         await asyncio.gather(*(self.refresh(backend) for backend in backends or self.backends))
 

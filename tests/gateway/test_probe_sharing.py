@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import io
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+import gateway
 from tests.support.fake_backend import MODELS, FakeLLM, OllamaModels, Script, json_answer, running
 from tests.support.gateway_server import running_gateway
 
 REQUESTS = 64
+KVGATE_CODE = str(Path(gateway.__file__).parent) + "/"
 PROBE_PATHS = ("/props", "/v1/models", "/api/tags", "/api/show", "/api/ps")
 CHAT = {"messages": [{"role": "user", "content": "hello there"}]}
 OLLAMA_MODEL = "llama3.1:8b"
@@ -79,3 +84,25 @@ async def test_concurrent_cold_requests_share_each_probe(case: str) -> None:
     if not CASES[case][1].startswith("/kvgate/"):
         target = "ollama" if "Ollama" in case else "llama-server"
         assert counts[f"{target} forwarded"] == REQUESTS, counts
+
+
+async def test_a_probe_shared_by_waiting_requests_ends_with_kvgate() -> None:
+    """A pool probe is shielded from any one request's cancellation, so waiting clients share it; at shutdown it
+    must end too. It used to run on past the gateway's cleanup, into a closed session, and leave a half-open
+    connection that surfaced as a ResourceWarning in whichever later test ran the garbage collector."""
+    fake = FakeLLM(Script(models=("llama3.1:8b",), probe_delay_s=30.0))
+    async with running(fake), aiohttp.ClientSession() as http:
+        async with running_gateway([{"name": "b", "kind": "ollama", "url": fake.url}]) as url:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await http.post(url + "/api/chat", json={"model": "llama3.1:8b", "stream": False,
+                                                         "messages": [{"role": "user", "content": "hi"}]},
+                                timeout=aiohttp.ClientTimeout(total=0.5))
+        await asyncio.sleep(0)  # one turn: anything kvgate left running would still be pending now
+        left = [task for task in asyncio.all_tasks() if KVGATE_CODE in _stack_of(task)]
+        assert left == []
+
+
+def _stack_of(task: asyncio.Task[object]) -> str:
+    out = io.StringIO()
+    task.print_stack(file=out)
+    return out.getvalue()
