@@ -51,10 +51,6 @@ async def serve(app_or_routes: web.Application | Routes) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
-        # A transport closed at cleanup closes its socket in a callback on the loop's next turn: without that turn
-        # (the test's loop closes right after), the socket is left for the garbage collector, a ResourceWarning in
-        # whichever later test happens to collect it.
-        await asyncio.sleep(0)
 
 
 def _app_of(routes: Routes) -> web.Application:
