@@ -61,7 +61,7 @@ from gateway.fitting.summarizer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, 
 from gateway.headers import REQUEST_ID, request_deadline, upstream_request_headers
 from gateway.listing import merged_listing
 from gateway.notice import Notice, reply_notice
-from gateway.observability.logs import request_id_var
+from gateway.observability.logs import ClientText, request_id_var
 from gateway.observability.metrics import Metrics, record
 from gateway.observability.request_log import logged_content, request_fields
 from gateway.observability.tenant_usage import UNIDENTIFIED, refusal_reason
@@ -199,7 +199,7 @@ class Proxy:
             detail.update(request_fields(
                 status=status, backend=trace.backend, model=trace.asked_model if trace.model == "-" else trace.model,
                 outcome=trace.outcome, count=trace.count, refusal=trace.refusal, content=trace.content))
-            log.info("%s %s %d", request.method, request.path, status,
+            log.info("%s %s %d", request.method, ClientText(request.path), status,
                      extra={"duration_ms": round(elapsed_s * 1000, 2), **detail})
             route_label = route.path if route is not FALLBACK else "other"
             record(self._metrics, route_label, status, elapsed_s, backend=trace.backend,

@@ -4,7 +4,10 @@ One record is one line, whatever a client sends: both formatters escape control 
 escapes, other C0 and C1 codes, DEL), Unicode line and paragraph separators, bidirectional and zero-width format
 characters and lone surrogates (a non-UTF-8 byte decoded with ``surrogateescape``) in the message and in every
 extra field, so no client string can start a forged line or colour a terminal. kvgate's own tracebacks stay
-multi-line: each of their lines is indented with ``  | ``, so none can pass for a record. Malformed HTTP requests,
+multi-line: each of their lines is indented with ``  | ``, so none can pass for a record. In the text format every
+extra field and the request id are logfmt values (:func:`logfmt_value`): one holding a space, ``=``, a quote, a
+backslash or an unsafe character is quoted, so a client string (a path decoded from ``%20``, a model name, an
+X-Request-ID) can't add a field; so is a client string a message names as :class:`ClientText`. Malformed HTTP requests,
 which aiohttp logs at ERROR with a traceback, become one WARNING line (:class:`MalformedRequestFilter`).
 """
 
@@ -77,10 +80,37 @@ def _safe(value: Any) -> Any:
     return escape(str(value))
 
 
+_BARE = re.compile(r'[^\s="\\\[\]]+')
+"""What a logfmt value may hold unquoted: no whitespace, ``=``, quote, backslash or bracket (the request id's)."""
+
+
+def logfmt_value(text: str) -> str:
+    """``text`` as one logfmt value: bare when it is a run of safe characters, else in double quotes with ``\\``
+    and ``\"`` escaped and every unsafe character as its backslash escape (:func:`escape`)."""
+    if _BARE.fullmatch(text) and not _UNSAFE.search(text):
+        return text
+    return '"' + escape(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+
+
+class ClientText(str):
+    """A client-given string in a log message's arguments (``log.info("%s %s", method, ClientText(path))``): the
+    text format writes it as a logfmt value, so its spaces or ``=`` can't pass for fields; JSON as the string."""
+
+    __slots__ = ()
+
+
 def _text_value(value: Any) -> str:
     if isinstance(value, bytes):
         value = value.decode("utf-8", "backslashreplace")
-    return escape(str(value))
+    return logfmt_value(str(value))
+
+
+def _text_message(record: logging.LogRecord) -> str:
+    """The record's message, with its :class:`ClientText` arguments as logfmt values."""
+    args = record.args
+    if isinstance(args, tuple) and any(isinstance(arg, ClientText) for arg in args):
+        return str(record.msg) % tuple(logfmt_value(arg) if isinstance(arg, ClientText) else arg for arg in args)
+    return record.getMessage()
 
 
 _RESERVED = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime", "request_id"}
@@ -130,7 +160,8 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """``time level [request-id] logger: message key=value ...``, on one line; a traceback follows on lines of its
+    """``time level [request-id] logger: message key=value ...``, on one line, each value (and the request id) a logfmt
+    value (quoted when it must be); a traceback follows on lines of its
     own, each indented with ``  | ``."""
 
     def __init__(self) -> None:
@@ -139,7 +170,7 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         request_id = _text_value(getattr(record, "request_id", "-"))
         line = (f"{self.formatTime(record, self.datefmt)} {record.levelname} [{request_id}] {escape(record.name)}: "
-                f"{escape(record.getMessage())}")
+                f"{escape(_text_message(record))}")
         extras = [f"{escape(key)}={_text_value(value)}" for key, value in _extras(record).items()]
         if extras:
             line = f"{line} {' '.join(extras)}"
@@ -161,7 +192,7 @@ class MalformedRequestFilter(logging.Filter):
         if isinstance(exc, HttpProcessingError):
             client = record.args[0] if isinstance(record.args, tuple) and record.args else None
             record.msg = "malformed request from %s: %s"
-            record.args = (client or "unknown client", _problem(exc))
+            record.args = (client or "unknown client", ClientText(_problem(exc)))  # it quotes the client's bytes
             record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
             record.exc_info, record.exc_text, record.stack_info = None, None, None
             return logging.getLogger().isEnabledFor(logging.WARNING)
