@@ -161,7 +161,7 @@ async def serve(settings: Settings, source: Callable[[], Settings] | None = None
         runner, port = await start_server(app, settings.server.host, settings.server.port)
     except OSError as exc:  # lost a race for the port since check_listen_address
         raise _listen_error(settings.server.host, settings.server.port, exc) from None
-    backends = ", ".join(f"{b.name} ({b.kind}) {b.url}" for b in settings.backends)
+    backends = ", ".join(f"{b.name} ({b.kind}) {b.shown_url}" for b in settings.backends)
     log.info("kvgate %s listening on http://%s:%d; backends: %s", __version__, settings.server.host, port, backends)
     try:
         await stop.wait()

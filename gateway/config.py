@@ -32,7 +32,6 @@ from pydantic_settings import (
     SettingsError,
     TomlConfigSettingsSource,
 )
-from yarl import URL
 
 from gateway.config_admission import AdmissionConfig
 from gateway.config_backends import (
@@ -48,6 +47,7 @@ from gateway.config_residency import ResidencyConfig
 from gateway.config_routing import RoutingConfig
 from gateway.config_shared import SharedLedgerConfig
 from gateway.config_tenants import ANONYMOUS_TENANT, TenantSettings, sha256_hex
+from gateway.redact import mask_url
 
 __all__ = [  # the tenants' and admission's settings live in their own modules; these names are kvgate's settings API
     "ANONYMOUS_TENANT",
@@ -292,17 +292,13 @@ _SECRET_PARTS = frozenset({"admin_key", "api_key", "api_keys", "tenants"})
 
 def _shown(error: ErrorDetails) -> str:
     """`` = <value>`` for an error message, or nothing where the value may be a secret: a key setting (of any type),
-    an unknown setting (a misspelled key's value), a table or list (it may hold keys), a URL's password."""
+    an unknown setting (a misspelled key's value), a table or list (it may hold keys); a URL's password masked."""
     value = error.get("input")
     secret = bool({str(part) for part in error["loc"]} & _SECRET_PARTS)
     if secret or error["type"] == "extra_forbidden" or isinstance(value, dict | list | tuple | SecretStr):
         return ""
-    if isinstance(value, str) and error["loc"] and error["loc"][-1] == "url" and "@" in value:
-        try:
-            url = URL(value)
-        except ValueError:
-            return ""
-        value = str(url.with_password("****")) if url.password else value
+    if isinstance(value, str):
+        value = mask_url(value)  # a backend's url, the redis_url: parsed or not, the password never shows
     return f" = {value!r}"
 
 

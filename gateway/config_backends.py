@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from yarl import URL
 
 from gateway.config_base import _Strict, _usable_key
 from gateway.domain import BackendKind
 from gateway.memory.kv import CacheType, parse_cache_type
 from gateway.memory.vram import parse_size
+from gateway.redact import mask_url
 
 DEFAULT_BACKEND_URL = "http://127.0.0.1:11434"
 
@@ -109,6 +110,18 @@ class BackendSettings(_Strict):
     @classmethod
     def _gguf_file(cls, value: Path | None) -> Path | None:
         return _existing_file(value)
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> BackendSettings:
+        if self.api_key is not None and URL(self.url).password is not None:
+            raise ValueError("the url's password and api_key both set the backend's Authorization header (Basic "
+                             "and Bearer); keep one")
+        return self
+
+    @property
+    def shown_url(self) -> str:
+        """The url as kvgate shows it (start-up line, status, errors, logs): its password masked."""
+        return mask_url(self.url)
 
 
 class FirstBackendOverrides(_Strict):

@@ -113,7 +113,7 @@ def offloaded(
     the offloaded layers without swapping; refused otherwise, saying why."""
     if not is_local(backend):
         return replace(refused, reason=f"{refused.reason}; it would need CPU offload, and the system RAM of "
-                       f"{backend.settings.url} can't be read from here (kvgate reads its own /proc/meminfo)")
+                       f"{backend.settings.shown_url} can't be read from here (kvgate reads its own /proc/meminfo)")
     settings = backend.settings
     result = estimate(profile, context=refused.context_tokens, parallel=settings.parallel or 1,
                       type_k=settings.cache_type_k, type_v=settings.cache_type_v,

@@ -225,7 +225,8 @@ def status_snapshot(
         "version": __version__,
         "uptime_s": round(uptime_s, 1),
         "backends": [
-            {"name": b.name, "kind": str(b.kind), "url": b.settings.url, "models": sorted(map(safe_text, b.models)),
+            {"name": b.name, "kind": str(b.kind), "url": b.settings.shown_url,  # a password masked
+             "models": sorted(map(safe_text, b.models)),
              "last_error": b.last_error and safe_text(b.last_error),
              "notes": [safe_text(note) for note in notes.get(b.name, [])],
              **({} if routing is None else {"routing": _routing_row(routing(b.name))})}

@@ -22,6 +22,7 @@ and, where the caller allows it, for forwarded requests; on one that was not, it
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
@@ -185,7 +186,8 @@ def same_model(a: str, b: str) -> bool:
 
 
 class BackendClient:
-    """Talks to one backend: its URL, its API key (sent on every call), its Host header and its timeouts."""
+    """Talks to one backend: its URL, its API key or its URL's credentials (sent on every call), its Host header and
+    its timeouts. Its ``repr`` and ``label`` never show a key or a password."""
 
     def __init__(
         self,
@@ -200,7 +202,14 @@ class BackendClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._session = session
-        self.base_url = URL(base_url)
+        given = URL(base_url)
+        self.base_url = given.with_user(None)
+        """Without the user and password: aiohttp refuses a URL with credentials beside an Authorization header
+        (the client's, forwarded), and its errors may quote the URL."""
+        credentials = f"{given.user or ''}:{given.password or ''}".encode()
+        self._authorization = (f"Basic {base64.b64encode(credentials).decode()}"
+                               if given.password is not None or given.user else None)
+        """The URL's own credentials, sent as Basic auth on every call (a backend behind an authenticating proxy)."""
         self._api_key = api_key
         self.timeouts = timeouts or Timeouts()
         self.label = label or str(self.base_url).rstrip("/")
@@ -216,7 +225,8 @@ class BackendClient:
     ) -> BackendClient:
         key = settings.api_key.get_secret_value() if settings.api_key else None
         return cls(session, settings.url, api_key=key, timeouts=settings.timeouts,
-                   label=f"backend '{settings.name}' at {settings.url}", restart_wait_s=restart_wait_s, clock=clock)
+                   label=f"backend '{settings.name}' at {settings.shown_url}", restart_wait_s=restart_wait_s,
+                   clock=clock)
 
     def __repr__(self) -> str:
         return f"BackendClient({self.label!r})"  # never the API key
@@ -226,10 +236,13 @@ class BackendClient:
         return self.base_url.host_port_subcomponent or ""
 
     def identity(self) -> dict[str, str]:
-        """The headers every call carries: Host, and the backend's API key when one is configured."""
+        """The headers every call carries: Host, and the backend's API key (Bearer) or the credentials of its URL
+        (Basic) when one is configured; either replaces a client's own Authorization."""
         headers = {"Host": self.host_header}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
+        elif self._authorization is not None:
+            headers["Authorization"] = self._authorization
         return headers
 
     def url_for(self, path_qs: str) -> URL:
@@ -238,7 +251,7 @@ class BackendClient:
         ``//host``, ``@host``, a scheme without ``/``) can change the host; a fragment is dropped."""
         base = self.base_url
         path, _, query = path_qs.partition("#")[0].partition("?")
-        return URL.build(scheme=base.scheme, user=base.raw_user, password=base.raw_password, host=base.raw_host or "",
+        return URL.build(scheme=base.scheme, host=base.raw_host or "",
                          port=base.explicit_port, path=base.raw_path.rstrip("/") + "/" + path.lstrip("/"),
                          query_string=query, encoded=True)
 

@@ -71,7 +71,7 @@ class Backend:
         return find_model(model, self.models)
 
     def describe(self) -> str:
-        return f"backend '{self.name}' at {self.settings.url}"
+        return f"backend '{self.name}' at {self.settings.shown_url}"
 
 
 class BackendRegistry:

@@ -21,6 +21,7 @@ from gateway.memory.sources.common import ProfileError
 from gateway.memory.sources.llamacpp import parse_models, parse_props, parse_slots, profile_from_llama_server
 from gateway.memory.sources.ollama import parse_ps, parse_tags, profile_from_show
 from gateway.memory.vram import VramUnavailable
+from gateway.redact import mask_in, mask_url
 
 ANSWER_TIMEOUT_S = 10.0
 
@@ -84,7 +85,7 @@ async def read_backend(
 ) -> BackendReadings:
     client = BackendClient.for_backend(session, config)
     kind = str(config.kind)
-    base = BackendReadings(name=config.name, kind=kind, url=config.url,
+    base = BackendReadings(name=config.name, kind=kind, url=config.shown_url,
                            settings=resolve_settings(kind, config, log, None))
     try:
         base = replace(base, vram=await BackendProbes(session).vram(Backend(config, client)))
@@ -111,15 +112,16 @@ async def longest_seen(session: aiohttp.ClientSession, gateway: str, admin_key: 
     None when it can't be read (it says why on stderr) or has counted none yet."""
     headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
     url = f"{gateway.rstrip('/')}/kvgate/status"
+    shown = mask_url(url)  # --gateway may carry a password: printed masked
     try:
         async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as response:
             if response.status != 200:
-                print(f"kvgate: {url} answered {response.status} (an admin key: --admin-key or KVGATE_ADMIN_KEY)",
-                      file=sys.stderr)
+                print(f"kvgate: {shown} answered {response.status} (an admin key: --admin-key or "
+                      "KVGATE_ADMIN_KEY)", file=sys.stderr)
                 return None
             status = await response.json()
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        print(f"kvgate: could not read {url}: {exc or type(exc).__name__}", file=sys.stderr)
+        print(f"kvgate: could not read {shown}: {mask_in(str(exc), url) or type(exc).__name__}", file=sys.stderr)
         return None
     rows = [row for row in status.get("longest_prompts", []) if isinstance(row.get("tokens"), int)]
     if not rows:
