@@ -23,6 +23,7 @@ from gateway.config import ConfigError, Settings, load_settings, parse_backend_f
 from gateway.memory import estimate_cli
 from gateway.observability.logs import configure_logging
 from gateway.reload import Reloader, ReloadRefused
+from gateway.reload_guard import refusing_empty_file
 
 log = logging.getLogger("gateway")
 
@@ -204,7 +205,7 @@ def serve_command(args: argparse.Namespace) -> int:
     try:
         check_cache_dir(settings.counting.cache_dir)
         check_listen_address(settings.server.host, settings.server.port)
-        run_event_loop(serve(settings, functools.partial(settings_from_args, args)))
+        run_event_loop(serve(settings, refusing_empty_file(args.config, functools.partial(settings_from_args, args))))
     except StartupError as exc:
         print(f"kvgate: {exc}", file=sys.stderr)
         return exc.exit_code

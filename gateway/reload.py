@@ -4,6 +4,9 @@
                command-line flags (the ``source`` a :class:`Reloader` is given; ``kvgate serve`` passes its own)
     validate   a file that is gone, doesn't parse or fails validation is refused (:class:`ReloadRefused` names the
                setting, as the start-up error does) and nothing changes
+    guard      a file that would drop every tenant key, the admin key or require_api_key without saying so
+               (``server.allow_reload_to_drop_security``) is refused with a SECURITY warning; so is an empty file
+               (gateway/reload_guard.py)
     split      the new settings are taken field by field into the running ones where they apply live
                (:func:`effective_settings`); the rest keep their running values
     apply      in one step, between two requests: :class:`LiveSettings` holds the settings and the tenant directory
@@ -52,10 +55,11 @@ from pydantic import BaseModel
 
 from gateway.admission.tenants import TenantDirectory
 from gateway.config import ConfigError, Settings
+from gateway.reload_guard import ALLOW_SETTING, refusal_message, security_drops
 
 log = logging.getLogger("gateway.reload")
 
-LIVE_SERVER = ("admin_key", "require_api_key")
+LIVE_SERVER = ("admin_key", "require_api_key", "allow_reload_to_drop_security")
 LIVE_ADMISSION = ("enabled", "default_output_tokens", "estimate_margin", "pin_num_ctx", "clamp_output", "on_too_long",
                   "max_queue", "queue_timeout_s", "per_tenant_max_active", "overtake_window_s", "queue_order")
 """What ``Admitter.reconfigure`` takes in; the other admission settings are the pool directory's, bound at start."""
@@ -198,6 +202,7 @@ class Reloader:
                 log.error("configuration reload (%s) refused, the running settings stay: %s", trigger,
                           exc.message.replace("\n", "; "))
                 raise
+            self._guard(trigger, loaded)
             effective, report = plan_reload(self._live.settings, loaded)
             self._live.replace(effective, report.needs_restart)
             self._on_outcome("ok")
@@ -206,6 +211,21 @@ class Reloader:
             log.warning("configuration reload (%s): these settings need a restart to apply, until then the running "
                         "values stay: %s", trigger, ", ".join(report.needs_restart))
         return report
+
+    def _guard(self, trigger: str, loaded: Settings) -> None:
+        """Refuse (ReloadRefused, a SECURITY warning) a reload that drops protection the file doesn't say it
+        means to drop (gateway/reload_guard.py); one that says so applies, with the same warning."""
+        drops = security_drops(self._live.settings, loaded)
+        if not drops:
+            return
+        if loaded.server.allow_reload_to_drop_security:
+            log.warning("SECURITY: configuration reload (%s) will %s, as %s = true allows", trigger,
+                        " and ".join(drops), ALLOW_SETTING)
+            return
+        self._on_outcome("refused")
+        message = refusal_message(drops)
+        log.warning("SECURITY: configuration reload (%s) refused, the running settings stay: %s", trigger, message)
+        raise ReloadRefused(message, ALLOW_SETTING)
 
     async def _load(self) -> Settings:
         if self._source is None:
