@@ -17,7 +17,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway import __version__, demo_cli
+from gateway import __version__, demo_cli, hangups
 from gateway.check import cli as check_cli
 from gateway.config import ConfigError, Settings, load_settings, parse_backend_flag, unknown_environment
 from gateway.memory import estimate_cli
@@ -164,6 +164,8 @@ async def serve(settings: Settings, source: Callable[[], Settings] | None = None
         raise _listen_error(settings.server.host, settings.server.port, exc) from None
     backends = ", ".join(f"{b.name} ({b.kind}) {b.shown_url}" for b in settings.backends)
     log.info("kvgate %s listening on http://%s:%d; backends: %s", __version__, settings.server.host, port, backends)
+    if hangups.take_pending():  # a SIGHUP while kvgate started (gateway/hangups.py): the reload it asked for, now
+        reload_on_hangup()
     try:
         await stop.wait()
     finally:
@@ -228,6 +230,8 @@ def sim_command(argv: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
+    if args.command != "serve":
+        hangups.release()  # only serve reloads on SIGHUP; for the others it ends them, as it would have
     if args.command == "sim":
         return sim_command(rest)
     if rest:

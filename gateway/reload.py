@@ -17,9 +17,10 @@
 What a reload changes, and what waits for a restart:
 
     live (new requests)                                  needs a restart
-    tenants.* (keys, caps, priority, weight, rates,      server.* other than the two at left (listen address,
+    tenants.* (keys, caps, priority, weight, rates,      server.* other than those at left (listen address,
       pool share, fitting; tenants added or removed)       body and connection limits, timeouts, logging)
-    server.admin_key, server.require_api_key             backends, default_backend, models_refresh_s
+    server.admin_key, server.require_api_key,            backends, default_backend, models_refresh_s
+      server.allow_reload_to_drop_security
     admission.* that the admitter reads (enabled,        admission.pool_refresh_s, probe_wait_s,
       default_output_tokens, estimate_margin,              default_context_tokens, max_auto_context_tokens
       pin_num_ctx, clamp_output, on_too_long, max_queue,   (the pool directory's, bound at start)
@@ -38,7 +39,8 @@ admitted with; its reservation stays in the same ledger (a reload never builds a
 and is released once, when it ends. A queued request waits under the policy it was queued with. The rate buckets of
 tenants that remain keep their levels (``RateLimiter.retain``); a changed rate applies from the next request.
 
-Reloads run one at a time (a lock); reading the file runs off the event loop.
+Reloads run one at a time (a lock); reading the file runs off the event loop. A SIGHUP that comes while ``kvgate
+serve`` starts is kept and applied once it is ready (gateway/hangups.py).
 """
 
 from __future__ import annotations
