@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from yarl import URL
@@ -117,6 +118,10 @@ class BackendSettings(_Strict):
             raise ValueError("the url's password and api_key both set the backend's Authorization header (Basic "
                              "and Bearer); keep one")
         return self
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            yield name, mask_url(value) if name == "url" and isinstance(value, str) else value  # never a password
 
     @property
     def shown_url(self) -> str:

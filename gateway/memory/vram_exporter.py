@@ -20,6 +20,7 @@ from yarl import URL
 from gateway.backends.client import BackendCallError, fetch
 from gateway.config import Timeouts
 from gateway.memory.vram import Clock, DeviceMemory, VramReading, VramUnavailable
+from gateway.redact import mask_url
 
 MIB = 1024 * 1024
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
@@ -117,7 +118,7 @@ class ExporterSource:
 
     async def read(self) -> VramReading:
         try:
-            raw = await fetch(self._session, "GET", URL(self._url), where=f"exporter {self._url}",
+            raw = await fetch(self._session, "GET", URL(self._url), where=f"exporter {mask_url(self._url)}",
                               timeouts=self._timeouts)
         except BackendCallError as exc:
             raise VramUnavailable(exc.message) from exc

@@ -70,7 +70,9 @@ def test_config_errors_never_print_a_password(settings: dict[str, object]) -> No
 async def test_a_backend_password_is_used_and_shown_nowhere(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO")
     async with running(FakeLLM()) as fake:
-        app = create_app(load_settings(None, backends=[{"name": "o", "url": _with_password(fake.url)}]))
+        settings = load_settings(None, backends=[{"name": "o", "url": _with_password(fake.url)}])
+        assert SECRET not in repr(settings) and SECRET not in str(settings)
+        app = create_app(settings)
         runner, port = await start_server(app, "127.0.0.1", 0)
         url = f"http://127.0.0.1:{port}"
         try:
