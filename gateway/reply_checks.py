@@ -12,7 +12,7 @@ from gateway.admission.outcome import AdmissionOutcome
 from gateway.backends import Backend
 from gateway.domain import NO_OUTPUT_OPERATIONS, BackendKind, Operation, ParsedRequest
 from gateway.observability import truncation
-from gateway.observability.logs import request_id_var, sanitize
+from gateway.observability.logs import ClientText, request_id_var, sanitize
 from gateway.observability.metrics import Metrics, record_truncation
 from gateway.observability.truncations import model_label
 from gateway.observability.usage import UsageObserver
@@ -71,8 +71,8 @@ class ReplyChecks:
         """Log, count and keep for the status page; the metric's model label is bounded by the backend's list."""
         request_id = request_id_var.get()
         label = model_label(backend.models, model or parsed.model)
-        log.warning("silent truncation: %s; backend '%s', model '%s' (asked as '%s'): it cut the prompt",
-                    found.describe(), backend.name, label, sanitize(parsed.model or ""),
+        log.warning("silent truncation: %s; backend '%s', model '%s' (asked as %s): it cut the prompt",
+                    found.describe(), backend.name, label, ClientText(sanitize(parsed.model or "")),
                     extra={"request_id": request_id, "backend": backend.name, "model": label,
                            "counted_tokens": found.counted_tokens, "reported_tokens": found.reported_tokens})
         record_truncation(self._metrics, request_id=request_id, backend=backend.name, model=label,
