@@ -44,13 +44,14 @@ async def test_serve_starts_proxies_and_stops_on_sigterm() -> None:
 
 async def _imports_under_way(pid: int) -> None:
     """Until the process maps its first module from site-packages: kvgate's own imports have begun (pydantic,
-    aiohttp, ...), the 0.3 s in which a SIGHUP used to kill it. Before this the interpreter is still starting."""
+    aiohttp, ...), the 0.3 s in which a SIGHUP used to kill it. Before this the interpreter is still starting (a
+    SIGHUP then, before any of kvgate's code runs, still has its default action: nothing in a process can help it)."""
     while True:
         try:
             maps = Path(f"/proc/{pid}/maps").read_text()  # noqa: ASYNC240 (procfs: never blocks)
         except OSError:  # it ended already
             return
-        if "site-packages" in maps:
+        if "site-packages/" in maps or "dist-packages/" in maps:
             return
         await asyncio.sleep(0.001)
 
