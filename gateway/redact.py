@@ -15,9 +15,10 @@ import re
 
 MASK = "****"
 
-_USERINFO = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*:/*)(?P<user>[^/?#@:]*):(?P<password>[^/?#]*)@")
+_USERINFO = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*:/*)(?P<user>[^/?#@:]*):(?P<password>.*)@")
 """scheme, slashes (any number: ``redis:/x:pw@h`` is a typo that still carries a password), user, ``:``, password
-up to the last ``@`` before the path."""
+up to the last ``@`` (an unencoded ``/`` or ``@`` in it is a mistake that must not show the rest): rather too much
+masked than a password shown."""
 _QUERY_SECRET = re.compile(r"(?P<key>[?&](?:password|passwd|pass|pwd|token|secret|api_key|key)=)(?P<value>[^&#]*)",
                            re.IGNORECASE)
 

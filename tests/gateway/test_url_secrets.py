@@ -42,6 +42,7 @@ def _with_password(url: str) -> str:
         ("http://h:1", "http://h:1"),
         ("not a url at all", "not a url at all"),
         ("http://ops:pw@h:notaport", "http://ops:****@h:notaport"),
+        ("http://ops:p/w@x@h:1", "http://ops:****@h:1"),
     ],
 )
 def test_mask_url(url: str, masked: str) -> None:
@@ -56,6 +57,7 @@ def test_mask_url(url: str, masked: str) -> None:
         {"shared_ledger": {"redis_url": f"htp://h:1/?password={SECRET}"}},
         {"backends": [{"name": "b", "url": f"http://user:{SECRET}@h:1/v1"}]},
         {"backends": [{"name": "b", "url": f"ftp://user:{SECRET}@h:notaport"}]},
+        {"backends": [{"name": "b", "url": f"http://user:a/{SECRET}@h:1"}]},
         {"backends": [{"name": "b", "url": f"http://user:{SECRET}@h:1", "api_key": "k-1"}]},
     ],
 )
