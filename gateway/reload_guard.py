@@ -8,6 +8,7 @@ open it to every client. So a reload is refused, and the running settings stay, 
     every tenant key goes         the running settings have a tenant's key, the new ones none
     the admin key goes            ``server.admin_key`` set, then unset (a rotated key is fine)
     require_api_key goes          ``server.require_api_key`` from true to false
+    unknown keys let in           ``tenants.anonymous.allow_unknown_keys`` from false to true while tenants have keys
 
 unless the new settings say ``server.allow_reload_to_drop_security = true`` (then it applies, with a SECURITY
 warning). The check compares settings (pure, :func:`security_drops`); it names settings, never a key.
@@ -20,12 +21,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway.config import ConfigError, Settings
+from gateway.config_tenants import ANONYMOUS_TENANT
 
 ALLOW_SETTING = "server.allow_reload_to_drop_security"
 
 
 def _tenant_keys(settings: Settings) -> int:
     return sum(len(tenant.digests()) for tenant in settings.tenants.values())
+
+
+def _lets_unknown_keys_in(settings: Settings) -> bool:
+    anonymous = settings.tenants.get(ANONYMOUS_TENANT)
+    return anonymous is not None and anonymous.allow_unknown_keys
 
 
 def security_drops(running: Settings, loaded: Settings) -> tuple[str, ...]:
@@ -37,6 +44,8 @@ def security_drops(running: Settings, loaded: Settings) -> tuple[str, ...]:
         drops.append("remove server.admin_key")
     if running.server.require_api_key and not loaded.server.require_api_key:
         drops.append("turn server.require_api_key from true to false")
+    if _tenant_keys(running) and not _lets_unknown_keys_in(running) and _lets_unknown_keys_in(loaded):
+        drops.append("let unknown keys in as anonymous (tenants.anonymous.allow_unknown_keys = true)")
     return tuple(drops)
 
 

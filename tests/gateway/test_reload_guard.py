@@ -174,3 +174,25 @@ async def test_sighup_with_an_emptied_file_keeps_every_key(tmp_path: Path, empti
             if process.returncode is None:
                 process.kill()
                 await process.wait()
+
+
+async def test_a_reload_that_lets_unknown_keys_in_is_refused(caplog: pytest.LogCaptureFixture) -> None:
+    """Without require_api_key, an unknown key gets a 401 while tenants have keys; a reload turning on
+    tenants.anonymous.allow_unknown_keys would let every made-up key in: refused unless said so, like the others."""
+    caplog.set_level(logging.INFO, logger="gateway.reload")
+    keyed: dict[str, Any] = {"tenants": {"ci": {"api_keys": ["ci-key"]}}}
+    running_settings = load_settings(None, **keyed)
+    lenient = {"tenants": {**keyed["tenants"], "anonymous": {"allow_unknown_keys": True}}}
+    drops = security_drops(running_settings, load_settings(None, **lenient))
+    assert drops and "allow_unknown_keys" in drops[0]
+    live, reloader = _reloader(running_settings, load_settings(None, **lenient))
+    with pytest.raises(ReloadRefused):
+        await reloader.reload("test")
+    assert live.settings is running_settings
+    already = load_settings(None, **lenient)  # already lenient: keeping it so is no drop
+    assert security_drops(already, load_settings(None, **lenient)) == ()
+    allowed = load_settings(None, **lenient, server=ALLOW)
+    live, reloader = _reloader(running_settings, allowed)
+    await reloader.reload("test")
+    assert live.settings is not running_settings
+    assert live.tenants.identify({"Authorization": "Bearer made-up"}).name == "anonymous"
