@@ -80,8 +80,9 @@ class ServerSettings(_Strict):
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
     allow_reload_to_drop_security: bool = Field(
         default=False, description="a reload (SIGHUP, POST /kvgate/reload) whose file removes every tenant's key or "
-        "the admin key, or turns require_api_key off, is refused (a SECURITY warning) unless the new file sets this "
-        "true; a file that sets nothing (only whitespace and comments) is always refused on reload",
+        "the admin key, turns require_api_key off or lets unknown keys in, is refused (a SECURITY warning) unless "
+        "the new file sets this true; a file that sets nothing (only whitespace and comments) is always refused on "
+        "reload",
     )
     max_body_bytes: ByteSize = Field(default=ByteSize(32 * 1024 * 1024), gt=0)
     max_held_body_bytes: ByteSize = Field(
