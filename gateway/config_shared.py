@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from gateway.config_base import _Strict
 
@@ -23,6 +23,11 @@ class SharedLedgerConfig(_Strict):
         default=10.0, ge=0.2, le=600.0, description="a reservation whose replica stops renewing it (crashed, cut "
         "off) expires this long after its last renewal; renewed every third of it",
     )
+    fence_margin_s: float = Field(
+        default=1.0, gt=0, le=60.0, description="a replica that can't renew its leases ends their requests (a stream "
+        "gets an error event, a reply not begun a 503) this long before they may expire, so no other replica admits "
+        "into their room while they still run; below lease_ttl_s",
+    )
     poll_s: float = Field(
         default=0.1, gt=0, le=5.0, description="while requests wait, how often the pool's totals across replicas are "
         "read again; a release on any replica wakes them at once too (Redis publishes it)",
@@ -35,6 +40,13 @@ class SharedLedgerConfig(_Strict):
     replicas: int = Field(
         default=1, ge=1, le=1024, description="how many replicas share the pools (for on_unreachable = local_share)",
     )
+
+    @model_validator(mode="after")
+    def _margin_below_ttl(self) -> SharedLedgerConfig:
+        if self.fence_margin_s >= self.lease_ttl_s:
+            raise ValueError(f"fence_margin_s ({self.fence_margin_s:g}) must be below lease_ttl_s "
+                             f"({self.lease_ttl_s:g}): requests are ended that long before their leases may expire")
+        return self
 
     @field_validator("redis_url")
     @classmethod

@@ -24,6 +24,7 @@ from gateway.admission.shared.pools import SharedPools
 from gateway.admission.shared.store import SharedStore
 from gateway.admission.types import Policy, PoolKey
 from gateway.config_shared import SharedLedgerConfig
+from gateway.tasks import stop
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
 from tests.support.gateway_server import running_gateway
@@ -36,7 +37,8 @@ POLICY = Policy(queue_timeout_s=5.0)
 
 
 def fast(url: str, **changes: Any) -> SharedLedgerConfig:
-    settings: dict[str, Any] = {"redis_url": url, "lease_ttl_s": 0.6, "poll_s": 0.02, **changes}
+    settings: dict[str, Any] = {"redis_url": url, "lease_ttl_s": 0.6, "fence_margin_s": 0.2, "poll_s": 0.02,
+                                **changes}
     return SharedLedgerConfig(**settings)
 
 
@@ -50,9 +52,7 @@ async def replica(config: SharedLedgerConfig) -> AsyncIterator[WaitingRoom]:
     try:
         yield room
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop(task)
         await shared.close()
 
 
@@ -153,7 +153,7 @@ async def test_a_replica_killed_mid_run_loses_its_leases_within_the_ttl(redis_ur
     runner, sim = await start_sim(config)
     ttl_s = 0.5
     env = {"PATH": "/usr/bin:/bin", "KVGATE_SHARED_LEDGER__REDIS_URL": redis_url,
-           "KVGATE_SHARED_LEDGER__LEASE_TTL_S": str(ttl_s)}
+           "KVGATE_SHARED_LEDGER__LEASE_TTL_S": str(ttl_s), "KVGATE_SHARED_LEDGER__FENCE_MARGIN_S": "0.2"}
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway", "serve", "--port", "0", "--backend", f"llama-server={sim}",
         stderr=asyncio.subprocess.PIPE, env=env,

@@ -12,6 +12,8 @@ from gateway.admission.ledger import Ledger
 from gateway.admission.rates import RateLimit
 from gateway.admission.shared.store import Limits, Place, SharedStore, announcement
 from gateway.admission.types import PoolKey
+from tests.support.llama_server import free_port
+from tests.support.redis_server import running_redis
 
 KEY = PoolKey("gpu0", "llama3.1:8b")
 UNIFIED = Limits(slots=4, pool_tokens=10_000, tenant_max_active=None, tenant_share_tokens=None)
@@ -68,18 +70,68 @@ async def test_a_release_frees_once_and_a_dead_replicas_leases_expire(two: list[
     assert (answer.verdict, answer.expired, answer.totals.reserved_tokens) == ("ok", 1, 5_000)
 
 
-async def test_a_renewal_keeps_a_lease_alive_and_adds_back_one_that_expired(two: list[SharedStore]) -> None:
-    a = two[0]
-    ledger = Ledger()
-    live = ledger.reserve(KEY, 2_000, "ci")
+async def test_a_renewal_extends_live_leases_and_never_adds_back_one_that_expired(two: list[SharedStore]) -> None:
+    """Issue 23: replica a is cut off past the ttl, its lease expires, replica b takes the room; a's renewal used to
+    add the lease back unchecked (the pool at 110 %). Now it extends only live leases and names the missing one; the
+    capacity-checked re-add then finds no room (a fences the request instead)."""
+    a, b = two
+    live = Ledger().reserve(KEY, 2_000, "ci")
     assert (await a.reserve(live, UNIFIED, ttl_s=0.3)).verdict == "ok"
     for _ in range(3):
         await asyncio.sleep(0.15)
-        assert (await a.renew(KEY, [live], ttl_s=0.3)).verdict == "0"  # renewed in time: nothing to add back
+        await a.renew(KEY, [live], ttl_s=0.3)  # renewed in time: still there
+        assert (await a.totals(KEY)).totals.reserved_tokens == 2_000
     await asyncio.sleep(0.4)
     assert (await a.totals(KEY)).totals.reserved_tokens == 0  # expired: cut off for longer than the ttl
-    answer = await a.renew(KEY, [live], ttl_s=0.3)
-    assert (answer.verdict, answer.totals.reserved_tokens) == ("1", 2_000)  # still running: counted again
+    taken = Ledger().reserve(KEY, 9_000, "web")
+    assert (await b.reserve(taken, UNIFIED, ttl_s=10)).verdict == "ok"
+    renewed = await a.renew(KEY, [live], ttl_s=0.3)
+    assert (await a.totals(KEY)).totals.reserved_tokens == 9_000  # not 11,000 of 10,000
+    assert renewed.missing == (a.lease_id(live),)
+    readded = await a.reserve(live, UNIFIED, ttl_s=0.3, readd=True)
+    assert (readded.verdict, readded.totals.reserved_tokens) == ("tokens", 9_000)
+    await b.release(taken)
+    readded = await a.reserve(live, UNIFIED, ttl_s=0.3, readd=True)  # room again: the running request counts
+    assert (readded.verdict, readded.totals.reserved_tokens) == ("ok", 2_000)
+
+
+async def test_a_restarted_empty_redis_takes_the_running_requests_back_before_new_ones() -> None:
+    """Redis restarts empty: every lease is gone. A replica that saw the old Redis says so, and for lease_ttl_s new
+    leases wait ('behind') while running requests are added back (capacity-checked); a pooled connection Redis
+    closed is retried once, not taken for an outage."""
+    port = free_port()
+    with running_redis(port=port) as server:
+        a = SharedStore.from_url(server.url, prefix="t", timeout_s=1.0)
+        b = SharedStore.from_url(server.url, prefix="t", timeout_s=1.0)
+        running = Ledger().reserve(KEY, 6_000, "ci")
+        assert (await a.reserve(running, UNIFIED, ttl_s=0.5)).verdict == "ok"
+        assert (await b.totals(KEY)).totals.reserved_tokens == 6_000
+        await b.renew(KEY, [], ttl_s=0.5)  # b has seen this Redis too
+    with running_redis(port=port):
+        new = Ledger().reserve(KEY, 6_000, "web")
+        first = await b.reserve(new, UNIFIED, ttl_s=0.5)  # no StoreUnreachable: the dead connection is retried
+        assert first.verdict == "behind"  # a's request may still run: it comes back first
+        renewed = await a.renew(KEY, [running], ttl_s=0.5)
+        assert renewed.missing == (a.lease_id(running),)
+        assert (await a.reserve(running, UNIFIED, ttl_s=0.5, readd=True)).verdict == "ok"
+        assert (await b.reserve(new, UNIFIED, ttl_s=0.5)).verdict == "tokens"  # 6,000 + 6,000 > 10,000
+        await asyncio.sleep(0.6)  # a stopped renewing: its lease expired, the grace is over
+        assert (await b.reserve(new, UNIFIED, ttl_s=0.5)).verdict == "ok"
+        await a.close()
+        await b.close()
+
+
+async def test_a_pooled_connection_redis_closed_is_retried_once() -> None:
+    """After a Redis restart every pooled connection fails once; that is not an outage (issue 23: replicas flapped
+    for 13 s and 12 requests got 503 ledger_unavailable)."""
+    port = free_port()
+    with running_redis(port=port) as server:
+        store = SharedStore.from_url(server.url, prefix="t", timeout_s=1.0)
+        await asyncio.gather(*(store.totals(KEY) for _ in range(4)))  # four pooled connections
+    with running_redis(port=port):
+        answers = await asyncio.gather(*(store.totals(KEY) for _ in range(4)), return_exceptions=True)
+        await store.close()
+    assert [type(a).__name__ for a in answers] == ["Answer"] * 4
 
 
 async def test_the_queue_holds_at_most_max_queue_across_replicas(two: list[SharedStore]) -> None:
@@ -113,6 +165,20 @@ async def test_rate_buckets_are_shared_and_say_when_to_retry(two: list[SharedSto
     await a.settle_rate("ci", limit, 5_000)  # output settles later, and may go below zero
     refused = await a.take_rate("ci", RateLimit(tokens_per_minute=6_000), 1)
     assert refused is not None and refused.retry_after_s > 30
+
+
+async def test_a_shared_refund_gives_back_the_unused_output_never_above_capacity(two: list[SharedStore]) -> None:
+    """Issue 23, point 3b: a request takes its prompt and reserved output up front; settling a negative amount
+    gives the unused part back, across replicas, capped at the bucket's capacity."""
+    a, b = two
+    limit = RateLimit(tokens_per_minute=3_000)
+    assert await a.take_rate("up", limit, 2_500) is None
+    assert await b.take_rate("up", limit, 1_000) is not None  # 500 left
+    await a.settle_rate("up", limit, -2_000)  # 2,000 of the reservation unused
+    assert await b.take_rate("up", limit, 2_400) is None
+    await b.settle_rate("up", limit, -10_000)  # more than was ever taken: back to a full bucket, no more
+    assert await a.take_rate("up", limit, 3_000) is None
+    assert await a.take_rate("up", limit, 10) is not None
 
 
 async def test_the_store_never_shows_the_redis_password(redis_url: str) -> None:

@@ -22,16 +22,20 @@ any other.
 Leases. Each reservation is a lease with an expiry on Redis's clock. The replica renews all of its live leases every
 third of ``lease_ttl_s``, so a replica that dies (SIGKILL, a crashed host, a partition) stops renewing and its
 leases expire within ``lease_ttl_s``: the pool is whole again without anyone cleaning up. A release removes the
-lease at once (and is safe to lose: the lease expires anyway). A renewal adds back a lease that expired while the
-replica was cut off for longer than the ttl: its request still runs on the backend, and the pool must count it.
+lease at once (and is safe to lose: the lease expires anyway). A renewal only extends leases Redis still has; one
+that expired or was lost (Redis restarted empty), or was admitted while Redis was away, comes back only through the
+capacity-checked reserve script, or its request is fenced. Fencing (``fence.py``, ``fencing.py``): a lease that
+can't be renewed has its request ended ``fence_margin_s`` before it may expire.
 
 Redis unreachable. Said loudly (an ERROR line when it goes, a WARNING when it is back, ``kvgate_shared_ledger_up``
 and the status page), then ``on_unreachable``:
     refuse        new requests get 503 ``ledger_unavailable`` with Retry-After; those admitted run to the end.
-    local_share   each replica plans against its share of every pool: ``others`` becomes a synthetic holder of
-                  all but 1/replicas of the pool's tokens and slots (at least one slot is left), so N replicas
-                  together stay within the pool. Once Redis answers again, the renewal adds this replica's leases
-                  and shared planning resumes.
+    local_share   until the others' leases may have ended (``lease_ttl_s`` after Redis went away), ``others`` is
+                  what they were last known to hold plus all but 1/replicas of the room free then
+                  (``known_share_others``; for a pool this replica never read, the whole pool); afterwards a
+                  synthetic holder of all but 1/replicas of the pool (``local_share_others``), so N replicas
+                  together stay within the pool. Once Redis answers again,
+                  this replica's leases are added back (capacity-checked) and shared planning resumes.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ from redis.exceptions import RedisError
 from gateway.admission import errors
 from gateway.admission.errors import AdmissionRejected
 from gateway.admission.ledger import Reservation
-from gateway.admission.shared.snapshots import combine, freed, local_share_others
+from gateway.admission.shared.fencing import Fences
+from gateway.admission.shared.snapshots import combine, freed, known_share_others, local_share_others, whole_pool
 from gateway.admission.shared.store import (
     Announcement,
     Answer,
@@ -92,6 +97,10 @@ class SharedPools:
         self._announced: dict[PoolKey, LedgerSnapshot] = {}  # and its totals
         self._waiting: dict[PoolKey, set[int]] = {}  # this replica's waiters with a place in the shared queue
         self._tasks: set[asyncio.Task[None]] = set()
+        self._limits: dict[int, Limits] = {}  # each live reservation's capacity rules, to add its lease back by
+        self.fences = Fences(config.lease_ttl_s, config.fence_margin_s, self._fence_due)
+        self._down_at_s = 0.0  # when Redis was found unreachable (the loop's clock)
+        self._down_view: dict[PoolKey, tuple[LedgerSnapshot, LedgerSnapshot]] = {}  # others, mine: then
         self.up = True
         self.down_reason = ""
         self.down_total = 0
@@ -114,6 +123,9 @@ class SharedPools:
         """What the other replicas hold in the pool, as this replica last saw it (see the module docstring)."""
         pool = self._pools.get(key)
         if not self.up and self._config.on_unreachable == "local_share" and pool is not None:
+            known = self._down_view.get(key)
+            if known is not None and _now_s() < self._down_at_s + self._config.lease_ttl_s:
+                return known_share_others(pool, self._config.replicas, *known)  # their leases may still run
             return local_share_others(pool, self._config.replicas)
         return self._others.get(key, EMPTY)
 
@@ -126,9 +138,22 @@ class SharedPools:
             raise AdmissionRejected(errors.ledger_unavailable(key, self.down_reason))
 
     def know(self, pool: PoolSpec) -> None:
+        """Follow ``pool`` from now on. A pool new to this replica is read at once, in the background (its totals
+        and Redis's epoch): should Redis go away or restart empty before the next renewal, this replica already
+        knows what the others held, and that the leases were lost (``scripts.epoch``)."""
         if pool.key not in self._pools:
             self._named[self.store.pool_name(pool.key)] = pool.key
+            if self.up:
+                self._spawn(self._learn(pool.key))
         self._pools[pool.key] = pool
+
+    async def _learn(self, key: PoolKey) -> None:
+        try:
+            renewed = await self.store.renew(key, [], self._config.lease_ttl_s)
+        except StoreUnreachable as exc:
+            self.went_down(str(exc))
+            return
+        self._saw(key, Answer("", renewed.expired, renewed.totals))
 
     async def watch(self, pools: Iterable[PoolSpec], *, timeout_s: float) -> None:
         """Follow these pools' totals from now on (announcements, renewals), reading those never read yet at once
@@ -146,27 +171,36 @@ class SharedPools:
     # --- commits and releases ---------------------------------------------------------------------------------------
 
     async def commit(self, reservation: Reservation, limits: Limits, *, waiter: int | None = None,
-                     overtake_s: float = 5.0, weight: float = 1.0, priority: int = 0) -> bool:
+                     overtake_s: float = 5.0, weight: float = 1.0, priority: int = 0, queued: bool = False) -> bool:
         """Make a local reservation final across replicas: True when its lease is in Redis (or, Redis down with
         ``local_share``, when it was planned against this replica's share); False when another replica took the
-        room first, it is not the request's turn in the fair order, or Redis just went away (plan again). Raises
-        ``AdmissionRejected`` (503) when Redis is down and the policy is to refuse. ``waiter`` is the request's
-        place in the shared queue (None: it did not queue; ``weight`` and ``priority`` place it)."""
+        room first, it is not the request's turn in the fair order, or Redis just went away (plan again). With
+        ``on_unreachable = "refuse"`` and Redis down, a request that never waited is refused (``AdmissionRejected``,
+        503), and one that ``queued`` gets False: it waits on, up to its queue timeout, for Redis to come back.
+        ``waiter`` is the request's place in the shared queue (None: it has none; ``weight`` and ``priority`` place
+        it)."""
         key = reservation.key
         if not self.up:
+            if queued and self._config.on_unreachable == "refuse":
+                return False
             self.refuse_if_down(key)
-            self._mine.setdefault(key, {})[reservation.id] = reservation  # renewed into Redis once it is back
+            self._mine.setdefault(key, {})[reservation.id] = reservation  # added to Redis once it is back
+            self._limits[reservation.id] = limits
             return True
+        sent_s = _now_s()
         try:
             answer = await self.store.reserve(reservation, limits, self._config.lease_ttl_s,
                                               waiter=None if waiter is None else str(waiter), overtake_s=overtake_s,
                                               weight=weight, priority=priority)
         except StoreUnreachable as exc:
             self.went_down(str(exc))
-            self.refuse_if_down(key)
-            return False  # plan again, now against this replica's share
+            if not queued:
+                self.refuse_if_down(key)
+            return False  # plan again: against this replica's share, or (refuse) once Redis is back
         if answer.verdict == "ok":
             self._mine.setdefault(key, {})[reservation.id] = reservation
+            self._limits[reservation.id] = limits
+            self.fences.confirm((reservation.id,), sent_s)
             if waiter is not None:
                 self._forget_waiter(key, waiter)  # the script took its place out of the queue
         elif answer.verdict == "behind":
@@ -178,6 +212,8 @@ class SharedPools:
 
     def release(self, reservation: Reservation) -> None:
         """Drop the lease (in the background: the caller never waits on Redis to free a request)."""
+        self.fences.forget(reservation.id)
+        self._limits.pop(reservation.id, None)
         mine = self._mine.get(reservation.key)
         if mine is None or mine.pop(reservation.id, None) is None:
             return
@@ -235,23 +271,66 @@ class SharedPools:
     # --- background: renewals and fresh totals ----------------------------------------------------------------------
 
     async def renew_all(self) -> None:
-        """Renew every live lease of this replica (and read every known pool's totals)."""
+        """Renew every live lease of this replica (and read every known pool's totals). A lease Redis no longer has
+        (it expired while this replica was cut off, Redis lost it, or it was admitted while Redis was away) is added
+        back only through the capacity-checked reserve script; where the pool has no room for it, its request is
+        fenced."""
         keys = set(self._mine) | set(self._pools)
         for key in keys:
-            live = tuple(self._mine.get(key, {}).values())
+            live = [r for r in self._mine.get(key, {}).values() if not self.fences.is_fenced(r.id)]
+            sent_s = _now_s()
             try:
-                answer = await self.store.renew(key, live, self._config.lease_ttl_s)
+                renewed = await self.store.renew(key, live, self._config.lease_ttl_s)
             except StoreUnreachable as exc:
                 self.went_down(str(exc))
                 return
-            if answer.verdict not in ("0", ""):
-                readded = int(answer.verdict)
-                self.readded_total += readded
-                log.error("shared ledger: %d of this replica's leases in %s had expired (cut off from Redis for "
-                          "longer than lease_ttl_s = %g s) and were added back; the pool may have been "
-                          "over-committed meanwhile", readded, _where(key), self._config.lease_ttl_s)
-            self._saw(key, answer)
+            missing = {self.store.lease_id(r): r for r in live}
+            lapsed = [missing[lease] for lease in renewed.missing if lease in missing]
+            gone = {r.id for r in lapsed}
+            self.fences.confirm((r.id for r in live if r.id not in gone), sent_s)
+            self._saw(key, Answer("", renewed.expired, renewed.totals))
+            for reservation in lapsed:
+                if not await self._add_back(reservation):
+                    return
         self._came_back()
+
+    async def _add_back(self, reservation: Reservation) -> bool:
+        """Add a running request's missing lease back, capacity-checked, or fence the request; False when Redis
+        went away meanwhile."""
+        limits = self._limits.get(reservation.id)
+        if limits is None:
+            return True
+        sent_s = _now_s()
+        try:
+            answer = await self.store.reserve(reservation, Limits(limits.slots, limits.pool_tokens, None, None),
+                                              self._config.lease_ttl_s, readd=True)
+        except StoreUnreachable as exc:
+            self.went_down(str(exc))
+            return False
+        self._saw(reservation.key, answer)
+        if answer.verdict == "ok":
+            self.readded_total += 1
+            self.fences.confirm((reservation.id,), sent_s)
+            log.warning("shared ledger: a lease of this replica in %s was missing from Redis (expired or lost) and "
+                        "was added back: the pool had room for it", _where(reservation.key))
+            return True
+        self._fence(reservation, f"its lease in the shared ledger was gone (expired or lost in Redis) and the pool "
+                                 f"no longer has room for it ({answer.verdict} taken by other requests)")
+        return True
+
+    def _fence_due(self, leases: list[int]) -> None:
+        ttl_s, margin_s = self._config.lease_ttl_s, self._config.fence_margin_s
+        due = set(leases)
+        for reservation in [r for mine in self._mine.values() for r in mine.values() if r.id in due]:
+            self._fence(reservation, f"its lease in the shared ledger could not be renewed for {ttl_s - margin_s:g} s "
+                                     f"(Redis: {self.down_reason if not self.up else 'no answer in time'}) and "
+                                     f"may expire in {margin_s:g} s (shared_ledger.lease_ttl_s = {ttl_s:g}, "
+                                     f"fence_margin_s = {margin_s:g})")
+
+    def _fence(self, reservation: Reservation, why: str) -> None:
+        log.error("shared ledger: fenced a request in %s (%d tokens): %s", _where(reservation.key), reservation.tokens,
+                  why)
+        self.fences.fence(reservation.id, AdmissionRejected(errors.ledger_fenced(reservation.key, why)))
 
     async def refresh(self, keys: Iterable[PoolKey], *, touch: bool = True) -> None:
         """Read the totals of the pools whose requests wait (and renew those requests' places)."""
@@ -278,8 +357,8 @@ class SharedPools:
                 if loop.time() >= next_renewal_s or not self.up:
                     await self.renew_all()
                     next_renewal_s = loop.time() + renew_every_s
-                keys = tuple(waiting())
-                if keys:
+                keys = tuple(waiting()) if self.up or self._config.on_unreachable == "local_share" else ()
+                if keys:  # (refuse, Redis down: waiters wait for it to come back, not for a poll)
                     await self.refresh(keys)
                     for key in keys:
                         redispatch(key)
@@ -334,6 +413,7 @@ class SharedPools:
                 await listener.aclose()  # type: ignore[no-untyped-call]
 
     async def close(self) -> None:
+        self.fences.close()
         for task in tuple(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=self._config.timeout_s)
@@ -361,6 +441,10 @@ class SharedPools:
     def went_down(self, reason: str) -> None:
         if self.up:
             self.up = False
+            self._down_at_s = _now_s()
+            # a pool whose totals this replica never read: the others may hold all of it but this replica's part
+            self._down_view = {key: (self._others.get(key, whole_pool(pool)), self.mine(key))
+                               for key, pool in self._pools.items()}
             self.down_total += 1
             self.down_reason = reason or "no answer"
             policy = ("new requests are refused (503)" if self._config.on_unreachable == "refuse"
@@ -378,6 +462,10 @@ class SharedPools:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _now_s() -> float:
+    return asyncio.get_running_loop().time()
 
 
 def _where(key: PoolKey) -> str:

@@ -1,6 +1,6 @@
 """The Lua scripts that keep the shared ledger in Redis consistent: each runs atomically on the Redis server.
 
-Keys of one pool (``store._names`` builds them; every script gets all seven):
+Keys of one pool (``store._names`` builds them; every script gets all eight):
 
     leases   HASH  lease id -> "tokens|sequences|replica|tenant"          one per live reservation
     expiry   ZSET  lease id -> expiry (ms, Redis's own clock)             renewed by the replica that holds it
@@ -9,6 +9,7 @@ Keys of one pool (``store._names`` builds them; every script gets all seven):
     qexp     ZSET  waiter id -> expiry (ms)                               renewed while its replica polls
     qinfo    HASH  waiter id -> its place: what it will reserve, its priority, its fair tag, its tenant's caps
     fair     HASH  v (the pool's virtual time), f:<tenant> (its finish tag)   weighted fair queueing, one per pool
+    epoch    HASH  id (when this Redis's data began), grace (ms)         one per prefix, never expires: a restart shows
 
 One fair order across replicas. The pool's virtual time and its tenants' finish tags live in Redis, so a request is
 tagged the same way whichever replica it reaches (``fair_share``: ``start = max(v, f[tenant])``, then ``f[tenant]``
@@ -69,6 +70,23 @@ end
 local function keep(ttl_ms)
   for _, i in ipairs({1, 2, 3, 7}) do redis.call('PEXPIRE', KEYS[i], ttl_ms * 3) end
 end
+local function epoch(now, seen, ttl)
+  -- this Redis's epoch, made by the first script to find none (a new Redis, or one restarted empty). A replica that
+  -- saw another epoch before ('seen') tells it that every lease was lost: until lease_ttl_s after the epoch began,
+  -- the replicas still running requests add their leases back (capacity-checked) or fence them, and no new lease
+  -- is added (``grace``)
+  local id = redis.call('HGET', KEYS[8], 'id')
+  if not id then
+    id = tostring(now)
+    redis.call('HSET', KEYS[8], 'id', id, 'grace', 0)
+  end
+  local grace = tonumber(redis.call('HGET', KEYS[8], 'grace') or '0')
+  if seen ~= '' and seen ~= id and grace < tonumber(id) + ttl then
+    grace = tonumber(id) + ttl
+    redis.call('HSET', KEYS[8], 'grace', grace)
+  end
+  return id, grace
+end
 local function field(name)
   return tonumber(redis.call('HGET', KEYS[3], name) or '0')
 end
@@ -115,12 +133,23 @@ local function purge_waiters(now)
   end
   return #gone
 end
+local function id_parts(id)
+  -- "replica:seq": the replica's name, and its own sequence number, compared as a number (as the replica orders
+  -- its own queue); a request that did not queue ('\\255') comes after everyone
+  local replica, seq = string.match(id, '^(.*):(%d+)$')
+  if not replica then return id, 0 end
+  return replica, tonumber(seq)
+end
 local function before(a, b)
-  -- the fair order: higher priority first, then the lower start tag, then the earlier arrival
+  -- the fair order: higher priority first, then the lower start tag, then the earlier arrival, then the replica and
+  -- its sequence number; every replica orders its own queue the same way (``waiting_room._Waiter.order``)
   if a.prio ~= b.prio then return a.prio > b.prio end
   if a.start ~= b.start then return a.start < b.start end
   if a.arrival ~= b.arrival then return a.arrival < b.arrival end
-  return a.id < b.id
+  local ar, an = id_parts(a.id)
+  local br, bn = id_parts(b.id)
+  if ar ~= br then return ar < br end
+  return an < bn
 end
 local function ahead_of(me)
   local arrivals = {}
@@ -142,16 +171,19 @@ end
 """
 
 RESERVE = _COMMON + _WAITERS + """
--- KEYS: leases, expiry, totals, queue, qexp, qinfo, fair
+-- KEYS: leases, expiry, totals, queue, qexp, qinfo, fair, epoch
 -- ARGV: 1 id, 2 value, 3 tokens, 4 seqs, 5 tenant, 6 ttl_ms, 7 slots, 8 pool_tokens (-1: split pool),
 --       9 tenant_cap (-1), 10 tenant_share (-1), 11 waiter id ('': it did not queue), 12 overtake_ms, 13 weight,
---       14 priority, 15 channel, 16 pool name, 17 replica
+--       14 priority, 15 channel, 16 pool name, 17 replica, 18 '1': add back the lease of a request that still runs
+--       (capacity only: no fair turn, no tenant cap, no grace), 19 the epoch this replica saw last ('': none)
 local now = now_ms()
 local expired = purge(now)
 purge_waiters(now)
+local readd = ARGV[18] == '1'
 local tokens, seqs, tenant = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local ttl, slots, pool, cap, share = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]),
   tonumber(ARGV[10])
+local epoch_id, grace = epoch(now, ARGV[19], ttl)
 local overtake, weight = tonumber(ARGV[12]), tonumber(ARGV[13])
 local placed = ARGV[11] ~= '' and redis.call('HGET', KEYS[6], ARGV[11])
 local me
@@ -191,22 +223,26 @@ local function turn()
   return 'ok'
 end
 local verdict
-if cap >= 0 and field('a:' .. tenant) + seqs > cap then verdict = 'tenant_active'  -- the planner's order
-elseif share >= 0 and field('t:' .. tenant) + tokens > share then verdict = 'tenant_share'
+if not readd and cap >= 0 and field('a:' .. tenant) + seqs > cap then verdict = 'tenant_active'  -- planner's order
+elseif not readd and share >= 0 and field('t:' .. tenant) + tokens > share then verdict = 'tenant_share'
 elseif field('seqs') + seqs > slots then verdict = 'slots'
 elseif pool >= 0 and field('tokens') + tokens > pool then verdict = 'tokens'
+elseif readd then verdict = 'ok'
+elseif now < grace then verdict = 'behind'  -- Redis lost its leases: those still running come back first
 else verdict = turn()
 end
 if verdict == 'ok' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   add(ARGV[1], ARGV[2], now + ttl)
-  fair_set('v', math.max(fair_get('v'), me.start))  -- serving a request moves virtual time to its start
-  if placed then forget(ARGV[11]) elseif weight > 0 then fair_set('f:' .. tenant, me.finish) end
+  if not readd then
+    fair_set('v', math.max(fair_get('v'), me.start))  -- serving a request moves virtual time to its start
+    if placed then forget(ARGV[11]) elseif weight > 0 then fair_set('f:' .. tenant, me.finish) end
+  end
   keep(ttl)
   announce(ARGV[15], ARGV[16], ARGV[17])
 elseif expired > 0 then
   announce(ARGV[15], ARGV[16], ARGV[17])
 end
-return {verdict, expired, redis.call('HGETALL', KEYS[3])}
+return {verdict, expired, redis.call('HGETALL', KEYS[3]), epoch_id}
 """
 
 RELEASE = _COMMON + """
@@ -218,23 +254,26 @@ return {dropped, expired, redis.call('HGETALL', KEYS[3])}
 """
 
 RENEW = _COMMON + """
--- ARGV: ttl_ms, channel, pool name, replica, then id, value pairs: every live lease of this replica in this pool.
--- A lease that expired (this replica was cut off for longer than the ttl) is added back: it still runs on the backend.
+-- ARGV: ttl_ms, channel, pool name, replica, the epoch this replica saw last, then the ids of this replica's live
+-- leases in this pool. Only leases that still exist are extended: one that expired (this replica was cut off for
+-- longer than the ttl) or that Redis lost (restarted empty) is never added back here, without the capacity check;
+-- the answer names them, and the replica adds each back through the reserve script (capacity-checked) or fences
+-- its request.
 local now = now_ms()
 local ttl = tonumber(ARGV[1])
 local expired = purge(now)
-local readded = 0
-for i = 5, #ARGV, 2 do
+local epoch_id = epoch(now, ARGV[5], ttl)
+local missing = {}
+for i = 6, #ARGV do
   if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
     redis.call('ZADD', KEYS[2], now + ttl, ARGV[i])
   else
-    add(ARGV[i], ARGV[i + 1], now + ttl)
-    readded = readded + 1
+    table.insert(missing, ARGV[i])
   end
 end
 keep(ttl)
-if readded + expired > 0 then announce(ARGV[2], ARGV[3], ARGV[4]) end
-return {readded, expired, redis.call('HGETALL', KEYS[3])}
+if expired > 0 then announce(ARGV[2], ARGV[3], ARGV[4]) end
+return {missing, expired, redis.call('HGETALL', KEYS[3]), epoch_id}
 """
 
 TOTALS = _COMMON + """
@@ -249,7 +288,7 @@ QUEUE_JOIN = _COMMON + _WAITERS + """
 -- 8 tenant_share (-1), 9 weight (0: the pool is served in arrival order, no tags), 10 tenant, 11 channel, 12 pool
 -- name, 13 replica. Requests waiting for
 -- this pool on every replica, at most max_queue; arrival on Redis's clock. Answers {1, waiting, start, finish} (the
--- fair tag, as text) or {0, waiting, '', ''}.
+-- fair tag, as text, and its arrival in ms) or {0, waiting, '', ''}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 purge_waiters(now)
@@ -275,7 +314,8 @@ else
 end
 redis.call('ZADD', KEYS[5], now + tonumber(ARGV[2]), ARGV[1])
 for i = 4, 7 do redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[2]) * 3) end
-return {1, waiting + 1, string.format('%.17g', start), string.format('%.17g', finish)}
+return {1, waiting + 1, string.format('%.17g', start), string.format('%.17g', finish),
+  tonumber(redis.call('ZSCORE', KEYS[4], ARGV[1]))}
 """
 
 QUEUE_TOUCH = """
@@ -336,7 +376,8 @@ return {1, 0, ''}
 """
 
 RATE_SETTLE = """
--- KEYS: tokens bucket. ARGV: tokens per minute, output tokens: charged after the answer (may go below zero).
+-- KEYS: tokens bucket. ARGV: tokens per minute, output tokens: charged after the answer (may go below zero);
+-- negative: the unused part of the output taken up front, given back (never above capacity).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local capacity = tonumber(ARGV[1])
@@ -344,7 +385,7 @@ local v = redis.call('HMGET', KEYS[1], 'level', 'updated', 'capacity')
 local lvl, updated, cap = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
 if lvl == nil then lvl, updated, cap = capacity, now, capacity end
 if cap ~= capacity then lvl = capacity - (cap - lvl) end
-lvl = math.min(capacity, lvl + math.max(0, now - updated) * capacity / 60000) - tonumber(ARGV[2])
+lvl = math.min(capacity, math.min(capacity, lvl + math.max(0, now - updated) * capacity / 60000) - tonumber(ARGV[2]))
 redis.call('HSET', KEYS[1], 'level', tostring(lvl), 'updated', now, 'capacity', capacity)
 redis.call('PEXPIRE', KEYS[1], 120000)
 return 1

@@ -1,5 +1,6 @@
 """Pure arithmetic on pool snapshots for the shared ledger: the planner's limits for the reserve script, sums and
-differences of snapshots, what a replica assumes of the others while Redis is away, and whether a pool has more room."""
+differences of snapshots, what a replica assumes of the others while Redis is away (``known_share_others`` until their
+leases may have ended, then ``local_share_others``), and whether a pool has more room."""
 
 from __future__ import annotations
 
@@ -34,6 +35,26 @@ def local_share_others(pool: PoolSpec, replicas: int) -> LedgerSnapshot:
     mine_slots = max(1, pool.slots // replicas)
     mine_tokens = pool.pool_tokens // replicas if pool.unified else pool.pool_tokens
     return LedgerSnapshot(pool.slots - mine_slots, pool.pool_tokens - mine_tokens if pool.unified else 0)
+
+
+def whole_pool(pool: PoolSpec) -> LedgerSnapshot:
+    """Every slot and cell of the pool held: what others may hold in a pool whose totals were never read."""
+    return LedgerSnapshot(pool.slots, pool.pool_tokens if pool.unified else 0)
+
+
+def known_share_others(pool: PoolSpec, replicas: int, others: LedgerSnapshot, mine: LedgerSnapshot) -> LedgerSnapshot:
+    """What the other replicas are assumed to hold while Redis is unreachable and their leases may still run:
+    what they were last known to hold (``others``, from the last read or announcement before Redis went away), plus
+    all but this replica's 1/replicas of the room that was free then (each replica admits only into its part of it),
+    and never less than ``local_share_others``. ``mine``: what this replica held then."""
+    synthetic = local_share_others(pool, replicas)
+    free_slots = max(0, pool.slots - others.active_sequences - mine.active_sequences)
+    slots = max(synthetic.active_sequences, pool.slots - mine.active_sequences - free_slots // replicas)
+    if not pool.unified:
+        return LedgerSnapshot(min(pool.slots, slots), 0)
+    free_tokens = max(0, pool.pool_tokens - others.reserved_tokens - mine.reserved_tokens)
+    tokens = max(synthetic.reserved_tokens, pool.pool_tokens - mine.reserved_tokens - free_tokens // replicas)
+    return LedgerSnapshot(min(pool.slots, slots), min(pool.pool_tokens, tokens))
 
 
 def freed(before: LedgerSnapshot, now: LedgerSnapshot) -> bool:

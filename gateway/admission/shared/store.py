@@ -17,7 +17,9 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.admission.ledger import Reservation
 from gateway.admission.rates import RateLimit, RateRefusal
@@ -70,6 +72,7 @@ class Joined:
     waiting: int
     start: float = 0.0
     finish: float = 0.0
+    arrival_ms: float = 0.0  # on Redis's clock: the fair order's next key after the start tag
 
 
 def pool_name(prefix: str, key: PoolKey) -> str:
@@ -79,7 +82,18 @@ def pool_name(prefix: str, key: PoolKey) -> str:
 
 def _names(prefix: str, key: PoolKey) -> list[str]:
     base = pool_name(prefix, key)
-    return [f"{base}:{part}" for part in ("leases", "expiry", "totals", "queue", "qexp", "qinfo", "fair")]
+    parts = ("leases", "expiry", "totals", "queue", "qexp", "qinfo", "fair")
+    return [*(f"{base}:{part}" for part in parts), f"{prefix}:epoch"]
+
+
+@dataclass(frozen=True, slots=True)
+class Renewed:
+    """``renew``'s answer: the leases it did not find (expired or lost: never added back by a renewal), the leases
+    it found expired, and the pool's totals afterwards."""
+
+    missing: tuple[str, ...]
+    expired: int
+    totals: LedgerSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +142,7 @@ class SharedStore:
         self._redis = client
         self._prefix = prefix
         self.replica = replica or uuid.uuid4().hex[:12]
+        self.epoch = ""  # the epoch of Redis's data this store last saw (``scripts.epoch``): a restart shows
         self._reserve = client.register_script(scripts.RESERVE)
         self._release = client.register_script(scripts.RELEASE)
         self._renew = client.register_script(scripts.RENEW)
@@ -173,29 +188,31 @@ class SharedStore:
         return f"{reservation.tokens}|{reservation.sequences}|{self.replica}|{reservation.tenant}"
 
     async def reserve(self, reservation: Reservation, limits: Limits, ttl_s: float, *, waiter: str | None = None,
-                      overtake_s: float = 5.0, weight: float = 1.0, priority: int = 0) -> Answer:
+                      overtake_s: float = 5.0, weight: float = 1.0, priority: int = 0, readd: bool = False) -> Answer:
         """Add the lease if the pool, across replicas, still has room for it (the planner's rules, atomically) and
         it is the request's turn in the fair order: what is left once the waiters ahead of it have taken theirs
         holds it (``waiter``: this request's own place in the queue; None when it did not queue, and then it is
-        placed where ``weight`` and ``priority`` would tag it now). Verdict ``behind``: not its turn yet."""
+        placed where ``weight`` and ``priority`` would tag it now). Verdict ``behind``: not its turn yet.
+        ``readd``: the request already runs (its lease expired or was lost): only the pool's room is checked."""
         args: list[str | int | float] = [
             self.lease_id(reservation), self._value(reservation), reservation.tokens, reservation.sequences,
             reservation.tenant, _ms(ttl_s), limits.slots, _or_none(limits.pool_tokens),
             _or_none(limits.tenant_max_active), _or_none(limits.tenant_share_tokens),
             "" if waiter is None else f"{self.replica}:{waiter}", _ms(overtake_s), weight, priority,
-            *self._herald(reservation.key)]
+            *self._herald(reservation.key), "1" if readd else "", self.epoch]
         return await self._call(self._reserve, _names(self._prefix, reservation.key), args)
 
     async def release(self, reservation: Reservation) -> Answer:
         args = [self.lease_id(reservation), *self._herald(reservation.key)]
         return await self._call(self._release, _names(self._prefix, reservation.key), args)
 
-    async def renew(self, key: PoolKey, live: Sequence[Reservation], ttl_s: float) -> Answer:
-        """Push the expiry of this replica's live leases in the pool; add back any that expired meanwhile."""
-        args: list[str | int | float] = [_ms(ttl_s), *self._herald(key)]
-        for reservation in live:
-            args += [self.lease_id(reservation), self._value(reservation)]
-        return await self._call(self._renew, _names(self._prefix, key), args)
+    async def renew(self, key: PoolKey, live: Sequence[Reservation], ttl_s: float) -> Renewed:
+        """Push the expiry of this replica's live leases in the pool that still exist; name those that do not (the
+        caller adds each back with ``reserve(readd=True)``, capacity-checked, or ends its request)."""
+        args = [_ms(ttl_s), *self._herald(key), self.epoch, *(self.lease_id(r) for r in live)]
+        missing, expired, flat, epoch = await self._attempt(self._renew, _names(self._prefix, key), args)
+        self.epoch = _text(epoch)
+        return Renewed(tuple(_text(lease) for lease in missing), int(expired), _snapshot(flat))
 
     async def totals(self, key: PoolKey) -> Answer:
         return await self._call(self._totals, _names(self._prefix, key), self._herald(key))
@@ -208,38 +225,26 @@ class SharedStore:
             f"{self.replica}:{waiter}", _ms(ttl_s), max_queue, place.tokens, place.sequences, place.priority,
             _or_none(place.tenant_max_active), _or_none(place.tenant_share_tokens), place.weight, place.tenant,
             *self._herald(key)]
-        try:
-            ok, waiting, start, finish = await self._join(keys=_names(self._prefix, key), args=args)
-        except (RedisError, OSError) as exc:
-            raise StoreUnreachable(str(exc)) from exc
-        if not ok:
-            return Joined(False, int(waiting))
-        return Joined(True, int(waiting), float(_text(start)), float(_text(finish)))
+        answer = await self._attempt(self._join, _names(self._prefix, key), args)
+        if not answer[0]:
+            return Joined(False, int(answer[1]))
+        _, waiting, start, finish, arrival_ms = answer
+        return Joined(True, int(waiting), float(_text(start)), float(_text(finish)), float(arrival_ms))
 
     async def touch_queue(self, key: PoolKey, waiters: Sequence[str], ttl_s: float) -> None:
         if not waiters:
             return
-        try:
-            await self._touch(keys=_names(self._prefix, key),
-                              args=[_ms(ttl_s), *(f"{self.replica}:{w}" for w in waiters)])
-        except (RedisError, OSError) as exc:
-            raise StoreUnreachable(str(exc)) from exc
+        await self._attempt(self._touch, _names(self._prefix, key),
+                            [_ms(ttl_s), *(f"{self.replica}:{w}" for w in waiters)])
 
     async def leave_queue(self, key: PoolKey, waiter: str) -> None:
-        try:
-            await self._leave(keys=_names(self._prefix, key),
-                              args=[f"{self.replica}:{waiter}", *self._herald(key)])
-        except (RedisError, OSError) as exc:
-            raise StoreUnreachable(str(exc)) from exc
+        await self._attempt(self._leave, _names(self._prefix, key), [f"{self.replica}:{waiter}", *self._herald(key)])
 
     async def take_rate(self, tenant: str, limit: RateLimit, prompt_tokens: int) -> RateRefusal | None:
         """The tenant's buckets across replicas: one request and the prompt's tokens, or neither and why not."""
         keys = [f"{self._prefix}:rate:requests:{tenant}", f"{self._prefix}:rate:tokens:{tenant}"]
         args = [_or_none(limit.requests_per_minute), _or_none(limit.tokens_per_minute), prompt_tokens]
-        try:
-            ok, wait_ms, which = await self._rate_take(keys=keys, args=args)
-        except (RedisError, OSError) as exc:
-            raise StoreUnreachable(str(exc)) from exc
+        ok, wait_ms, which = await self._attempt(self._rate_take, keys, args)
         if ok:
             return None
         rate = (f"{limit.requests_per_minute:,} requests per minute" if _text(which) == "requests"
@@ -250,20 +255,29 @@ class SharedStore:
         return RateRefusal(int(wait_ms) / 1000.0, f"tenant '{tenant}' is over its rate of {rate}")
 
     async def settle_rate(self, tenant: str, limit: RateLimit, output_tokens: int) -> None:
-        if limit.tokens_per_minute is None or output_tokens <= 0:
+        if limit.tokens_per_minute is None or output_tokens == 0:  # negative: a refund (rate_charge.py)
             return
-        try:
-            await self._rate_settle(keys=[f"{self._prefix}:rate:tokens:{tenant}"],
-                                    args=[limit.tokens_per_minute, output_tokens])
-        except (RedisError, OSError) as exc:
-            raise StoreUnreachable(str(exc)) from exc
+        await self._attempt(self._rate_settle, [f"{self._prefix}:rate:tokens:{tenant}"],
+                            [limit.tokens_per_minute, output_tokens])
 
     async def _call(self, script: Any, keys: list[str], args: Sequence[str | int | float]) -> Answer:
-        try:
-            verdict, expired, flat = await script(keys=keys, args=list(args))
-        except (RedisError, OSError) as exc:
-            raise StoreUnreachable(str(exc) or type(exc).__name__) from exc
+        verdict, expired, flat, *epoch = await self._attempt(script, keys, args)
+        if epoch:
+            self.epoch = _text(epoch[0])
         return Answer(_text(verdict), int(expired), _snapshot(flat))
+
+    async def _attempt(self, script: Any, keys: list[str], args: Sequence[str | int | float]) -> Any:
+        """Run the script, once more after a connection error (a pooled connection Redis closed, as after its
+        restart, fails once and is replaced); a second failure means Redis is unreachable."""
+        for attempt in (1, 2):
+            try:
+                return await script(keys=keys, args=list(args))
+            except (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError) as exc:
+                if attempt == 2:
+                    raise StoreUnreachable(str(exc) or type(exc).__name__) from exc
+            except (RedisError, OSError) as exc:
+                raise StoreUnreachable(str(exc) or type(exc).__name__) from exc
+        raise AssertionError("unreachable")
 
 
 def _ms(seconds: float) -> int:

@@ -1,0 +1,139 @@
+"""Fencing, the asynchronous part: ending the requests whose leases ``FenceBook`` says are due (``fence.py``).
+
+``Fences`` keeps the book, one timer at the earliest deadline, and each running request's ``FenceSignal``. When a
+lease is fenced, its signal cancels the task that forwards the request; that task turns the cancellation into the
+fence's error: a stream gets a final error event in its dialect (``streaming.pump``), a reply not yet begun a 503 with
+Retry-After (``fenced``). Closing the upstream connection stops the sequence at the backend, so the pool is free by
+the time the lease may expire and the other replicas plan as if it were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
+
+from gateway.admission.errors import AdmissionRejected
+from gateway.admission.shared.fence import FenceBook
+
+
+class FenceSignal:
+    """One running request's fence: ``fire`` cancels the task that forwards it; ``error`` says why it ended."""
+
+    __slots__ = ("_task", "error")
+
+    def __init__(self) -> None:
+        self._task = asyncio.current_task()
+        self.error: AdmissionRejected | None = None
+
+    def fire(self, error: AdmissionRejected) -> None:
+        if self.error is None:
+            self.error = error
+            if self._task is not None:
+                self._task.cancel()
+
+    def absorb(self) -> AdmissionRejected | None:
+        """In the forwarding task's ``except CancelledError``: the fence's error (the cancellation is taken back),
+        or None when the cancellation is someone else's."""
+        if self.error is None or self._task is None:
+            return None
+        self._task.uncancel()
+        return self.error
+
+
+class Fences:
+    """This replica's fenced leases (see the module docstring); ``on_due`` hears the ids whose deadline came."""
+
+    def __init__(self, lease_ttl_s: float, fence_margin_s: float, on_due: Callable[[list[int]], None]) -> None:
+        self.book = FenceBook(lease_ttl_s, fence_margin_s)
+        self._on_due = on_due
+        self._signals: dict[int, FenceSignal] = {}
+        self._fenced: dict[int, AdmissionRejected] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self.fenced_total = 0
+
+    def confirm(self, leases: Iterable[int], sent_s: float) -> None:
+        """A commit or renewal sent at ``sent_s`` (the loop's clock) set these leases' expiry in Redis."""
+        self.book.confirm([lease for lease in leases if lease not in self._fenced], sent_s)
+        self._arm()
+
+    def watch(self, lease: int) -> FenceSignal:
+        """The running request's signal (the current task's); fired at once if its lease was fenced already."""
+        signal = FenceSignal()
+        fenced = self._fenced.get(lease)
+        if fenced is not None:
+            signal.fire(fenced)
+        else:
+            self._signals[lease] = signal
+        return signal
+
+    def unwatch(self, lease: int) -> None:
+        self._signals.pop(lease, None)
+
+    def forget(self, lease: int) -> None:
+        """The lease ended (released): no deadline, no signal."""
+        self.book.forget(lease)
+        self._signals.pop(lease, None)
+        self._fenced.pop(lease, None)
+        self._arm()
+
+    def is_fenced(self, lease: int) -> bool:
+        return lease in self._fenced
+
+    def fence(self, lease: int, error: AdmissionRejected) -> None:
+        """End the lease's request (now, or as soon as it is watched); its lease is never renewed again."""
+        if lease in self._fenced:
+            return
+        self.fenced_total += 1
+        self.book.forget(lease)
+        self._fenced[lease] = error
+        signal = self._signals.pop(lease, None)
+        if signal is not None:
+            signal.fire(error)
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadline_s = self.book.next_deadline_s()
+        if deadline_s is not None:
+            self._timer = asyncio.get_running_loop().call_at(deadline_s, self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        due = self.book.due(asyncio.get_running_loop().time())
+        if due:
+            self._on_due(due)
+        self._arm()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class _Watches(Protocol):
+    def watch(self, lease: int) -> FenceSignal: ...
+
+    def unwatch(self, lease: int) -> None: ...
+
+
+@contextlib.contextmanager
+def fenced(fences: _Watches | None, lease: int | None) -> Iterator[FenceSignal | None]:
+    """Around forwarding one admitted request: its ``FenceSignal`` (None without a shared ledger), and a fence that
+    fired before its reply began raised as the fence's error (503 with Retry-After, in the route's format)."""
+    if fences is None or lease is None:
+        yield None
+        return
+    signal = fences.watch(lease)
+    try:
+        yield signal
+    except asyncio.CancelledError:
+        error = signal.absorb()
+        if error is None:
+            raise
+        raise error from None
+    finally:
+        fences.unwatch(lease)
