@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hmac
 import ipaddress
@@ -19,6 +18,7 @@ from gateway import dialects, targets
 from gateway.admission import Ledger, WaitingRoom
 from gateway.admission.admit import Admitter
 from gateway.admission.gpu_ledger import GpuBoard, LoadReservations
+from gateway.admission.keyless import keyless_caps_line
 from gateway.admission.loads import LoadGate
 from gateway.admission.pools import PoolDirectory, unadmitted_reason
 from gateway.admission.shared.pools import SharedPools, shared_pools
@@ -28,7 +28,10 @@ from gateway.backends import BackendRegistry
 from gateway.backends.probes import BackendProbes
 from gateway.config import ServerSettings, Settings
 from gateway.domain import Dialect, Operation
+from gateway.edge_limits import ClientLimits
+from gateway.edge_refusals import refuse_over_peer_limit
 from gateway.errors import AdminOnly, GatewayError
+from gateway.expect import expect_continue
 from gateway.fitting.summaries import Summaries
 from gateway.fitting.summarizer import InternalCalls, Summarizer
 from gateway.memory.vram import VramSource
@@ -39,8 +42,9 @@ from gateway.observability.shared_ledger import SharedLedgerCollector, shared_st
 from gateway.proxy import Proxy
 from gateway.reload import LiveSettings, Reloader, ReloadRefused, SettingsSource
 from gateway.routes import FALLBACK, ROUTES, Route
-from gateway.serving import CONNECTIONS, ClientLimits, ConnectionCollector, Connections, GuardedRunner
+from gateway.serving import CONNECTIONS, ConnectionCollector, Connections, GuardedRunner
 from gateway.single_flight import SingleFlight
+from gateway.tasks import stop
 from gateway.tokens.prompt_counter import PromptCounter
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -97,6 +101,7 @@ def create_app(
     """Build the gateway. Every seam a test needs is a parameter. ``settings_source`` re-reads the configuration
     for a reload (``POST /kvgate/reload``; ``kvgate serve`` also on SIGHUP); without one, a reload is refused."""
     app = web.Application(client_max_size=int(settings.server.max_body_bytes) + 1)
+    app.middlewares.append(refuse_over_peer_limit)  # a connection past server.max_connections_per_peer: 429
     app.middlewares.append(targets.reject_odd_targets)  # absolute-form and other odd targets: 400, never forwarded
     app[SETTINGS] = settings
     metrics = Metrics()
@@ -107,6 +112,7 @@ def create_app(
     live.subscribe(warn_if_exposed)  # a reload that drops the last key, on a public address, is as loud as a start
     app[STARTED] = clock()
     warn_if_exposed(settings)
+    live.subscribe(lambda reloaded: log.info("%s", keyless_caps_line(reloaded)))  # start-up: cli.py, after listening
     for deprecated in settings.residency.deprecations():  # a key an older kvgate wrote, still read
         log.warning("%s", deprecated)
     app[CONNECTIONS] = Connections(ClientLimits.from_settings(settings.server))  # gateway.serving
@@ -151,47 +157,42 @@ def create_app(
         gpu_refresher = asyncio.create_task(_refresh_gpus_forever(app)) if refresh_models else None
         yield
         if sharing is not None and shared is not None:
-            sharing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sharing
+            await stop(sharing)  # cancelled again until it ends: Python 3.11 may lose one (gateway/tasks.py)
             await shared.close()
-        if gpu_refresher is not None:
-            gpu_refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await gpu_refresher
-        checks.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await checks
+        await stop(gpu_refresher)
+        await stop(checks)
         await pools.aclose()  # shared calls no request's cancellation ends: ended before the session closes
         await loads.aclose()
         await app[PROBES].aclose()
         await registry.aclose()
         await app[GPU_REFRESHES].aclose()
-        if refresher is not None:
-            refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await refresher
+        await stop(refresher)
         await session.close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_get("/kvgate/health", kvgate_api.health, allow_head=True)
+    app.router.add_get("/kvgate/health", kvgate_api.health, allow_head=True,  # every route: gateway.expect
+                       expect_handler=expect_continue)
     fit = kvgate_api.fit_handler(lambda r: (r.app[REGISTRY], r.app[PROBES]))
-    count = kvgate_api.count_handler(lambda r: (r.app[REGISTRY], r.app[PROMPT_COUNTER]))
-    app.router.add_get("/kvgate/fit", _for_tenants(fit))
-    app.router.add_post("/kvgate/count", _for_tenants(count))
-    app.router.add_get("/kvgate/metrics", _metrics)
-    app.router.add_get("/kvgate/status", _status)
-    app.router.add_get("/kvgate/tenants", _tenants)
-    app.router.add_post("/kvgate/reload", _reload)
-    status_page.add_routes(app.router)  # GET /kvgate/: the page a person reads; its data is /kvgate/status
+    count = kvgate_api.count_handler(lambda r: (r.app[REGISTRY], r.app[PROMPT_COUNTER], r.app[PROXY].bodies),
+                                     max_body_bytes=int(settings.server.max_body_bytes),
+                                     max_json_elements=settings.server.max_json_elements)
+    app.router.add_get("/kvgate/fit", _for_tenants(fit), expect_handler=expect_continue)
+    app.router.add_post("/kvgate/count", _for_tenants(count), expect_handler=expect_continue)
+    app.router.add_get("/kvgate/metrics", _metrics, expect_handler=expect_continue)
+    app.router.add_get("/kvgate/status", _status, expect_handler=expect_continue)
+    app.router.add_get("/kvgate/tenants", _tenants, expect_handler=expect_continue)
+    app.router.add_post("/kvgate/reload", _reload, expect_handler=expect_continue)
+    status_page.add_routes(app.router, expect_handler=expect_continue)  # GET /kvgate/: the page a person reads
     for route in ROUTES:
         proxied: ProxiedHandler = functools.partial(_proxied, route=route)
         if route.operation is Operation.MANAGE and settings.server.admin_only_management:
             proxied = _admin_only(proxied, route)
         for method in route.methods:
-            app.router.add_route(method, route.path, proxied)
-    app.router.add_route("*", "/kvgate/{tail:.*}", kvgate_api.unknown_kvgate_route)  # never forwarded
-    app.router.add_route("*", FALLBACK.path, functools.partial(_proxied, route=FALLBACK))
+            app.router.add_route(method, route.path, proxied, expect_handler=expect_continue)
+    app.router.add_route("*", "/kvgate/{tail:.*}", kvgate_api.unknown_kvgate_route,  # never forwarded
+                         expect_handler=expect_continue)
+    app.router.add_route("*", FALLBACK.path, functools.partial(_proxied, route=FALLBACK),
+                         expect_handler=expect_continue)
     return app
 
 

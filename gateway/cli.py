@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway import __version__, demo_cli, hangups
+from gateway.admission.keyless import keyless_caps_line
 from gateway.check import cli as check_cli
 from gateway.config import ConfigError, Settings, load_settings, parse_backend_flag, unknown_environment
 from gateway.memory import estimate_cli
@@ -164,6 +165,7 @@ async def serve(settings: Settings, source: Callable[[], Settings] | None = None
         raise _listen_error(settings.server.host, settings.server.port, exc) from None
     backends = ", ".join(f"{b.name} ({b.kind}) {b.shown_url}" for b in settings.backends)
     log.info("kvgate %s listening on http://%s:%d; backends: %s", __version__, settings.server.host, port, backends)
+    log.info("%s", keyless_caps_line(settings))  # which caps a request without a key runs with (README: Tenants)
     if hangups.take_pending():  # a SIGHUP while kvgate started (gateway/hangups.py): the reload it asked for, now
         reload_on_hangup()
     try:

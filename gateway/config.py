@@ -137,6 +137,26 @@ class ServerSettings(_Strict):
         description="open client connections at most; at the cap a new one closes the one longest waiting for its "
         "headers (or idle), else it gets 503; unset: half the open-file limit, less a reserve of 64",
     )
+    min_body_bytes_per_s: float = Field(
+        default=1024.0, ge=0,
+        description="a request body slower than this on average, once body_grace_s has passed, gets 408 (a body kvgate "
+        "reads) or its connection closed (one streamed through); at max_connections the slowest body is closed to "
+        "make room; 0: no minimum rate",
+    )
+    body_grace_s: float = Field(
+        default=10.0, gt=0, description="how long a request body may arrive slower than min_body_bytes_per_s",
+    )
+    max_connections_per_peer: int | None = Field(
+        default=None, ge=1,
+        description="open connections from one client address at most; beyond it a request gets 429 and its "
+        "connection is closed (and such connections are the first closed at max_connections); unset: half of "
+        "max_connections (behind a reverse proxy every client is one address: raise it)",
+    )
+    max_json_elements: int = Field(
+        default=1_000_000, ge=1,
+        description="a JSON body kvgate reads with more '[', '{' and ',' bytes than this (counted before parsing, "
+        "strings included) is refused with 413: bytes bounded, what parsing them builds is bounded too",
+    )
 
     @field_validator("admin_key")
     @classmethod
@@ -181,6 +201,11 @@ class CountingConfig(_Strict):
     exact_count_max_bytes: ByteSize = Field(
         default=ByteSize(4 * 1024 * 1024), ge=0,
         description="a prompt over this many UTF-8 bytes is estimated (flagged), never run through a tokenizer",
+    )
+    max_tokenizing_bytes: ByteSize = Field(
+        default=ByteSize(8 * 1024 * 1024), gt=0,
+        description="prompt bytes being tokenized at once, all requests together; a count that finds no room "
+        "within its count budget is estimated (flagged)",
     )
 
 

@@ -21,6 +21,10 @@ class AdmissionConfig(_Strict):
         default="trim", description="a chat too long for the context: drop its oldest history, or refuse it"
     )
     max_queue: int = Field(default=256, ge=0)
+    max_queue_share: float = Field(
+        default=0.5, gt=0, le=1, description="the share of a pool's max_queue places one tenant may hold (its own "
+        "tenants.NAME.max_queued replaces it); more: 503 queue_full naming the tenant. Keyless requests are one tenant",
+    )
     queue_timeout_s: float = Field(default=120.0, gt=0)
     per_tenant_max_active: int | None = Field(default=None, ge=1)
     overtake_window_s: float = Field(default=5.0, ge=0)

@@ -11,6 +11,7 @@ from pydantic import ByteSize, Field, model_validator
 from gateway.config_base import _Strict
 
 GpuFull = Literal["offload", "wait", "refuse"]
+ClientKeepAlive = Literal["strip", "refuse", "allow"]
 
 
 class ResidencyConfig(_Strict):
@@ -37,6 +38,11 @@ class ResidencyConfig(_Strict):
         "lowering the context: 'offload' loads it partly on the CPU, as the backend itself would (when it does: "
         "cpu_offload, and when system RAM holds the offloaded layers without swapping), announced in "
         "X-Kvgate-Offload; 'wait' waits load_wait_s for GPU memory, then 503; 'refuse' answers 503 at once",
+    )
+    client_keep_alive: ClientKeepAlive = Field(
+        default="strip", description="a client's keep_alive 0 (unload at once) or negative (pin for good) on Ollama's "
+        "routes, unless it carries server.admin_key: 'strip' removes it (said in X-Kvgate-Keep-Alive), 'refuse' "
+        "answers 400, 'allow' forwards it. Load and unload requests go through the GPU check either way",
     )
     allow_cpu_offload: bool | None = Field(
         default=None, description="deprecated: use when_gpu_full (true is 'offload', false is 'refuse')",

@@ -29,11 +29,16 @@ class TenantSettings(_Strict):
         "max_active: a fraction of the pool (a float in (0, 1], e.g. 0.25) or a number of tokens (an integer >= 1); "
         "more waits, and one request that alone needs more is refused (400)",
     )
+    max_queued: int | None = Field(
+        default=None, ge=0, description="places it may hold in each pool's queue (default: admission.max_queue_share "
+        "of max_queue); more: 503 queue_full",
+    )
     max_prompt_tokens: int | None = Field(default=None, ge=1)
     max_output_tokens: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(
-        default=None, ge=1, description="prompt + output tokens per minute (output settled from the reported "
-        "usage); over it: 429 with Retry-After",
+        default=None, ge=1, description="prompt + output tokens per minute, taken up front (prompt + the output "
+        "the request may generate), the unused output given back when its usage (or, for a cut stream, its chunks) "
+        "is known; over it: 429 with Retry-After",
     )
     requests_per_minute: int | None = Field(default=None, ge=1, description="over it: 429 with Retry-After")
     priority: int = Field(default=0, description="higher is served first from the queue")

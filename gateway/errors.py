@@ -9,6 +9,7 @@
     ├── RequestTimeout           408  the request body did not arrive within ``server.body_timeout_s``
     ├── PayloadTooLarge          413  the body is over ``server.max_body_bytes``
     ├── UnsupportedMediaType     415  the body has a Content-Encoding kvgate does not decode
+    ├── ExpectationFailed        417  an ``Expect`` header other than ``100-continue``
     ├── ServerBusy               503  kvgate holds all the request-body bytes it may (with Retry-After)
     ├── BackendNotReady          503  the backend's KV pool can't be learned right now (with Retry-After)
     ├── RateLimited              429  a tenant over its tokens or requests per minute (with Retry-After)
@@ -171,3 +172,10 @@ class RequestTimeout(GatewayError, TimeoutError):
 
     status = 408
     code = "request_timeout"
+
+
+class ExpectationFailed(GatewayError):
+    """Raised for an ``Expect`` header other than ``100-continue`` (odd bytes included)."""
+
+    status = 417
+    code = "expectation_failed"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, GatewayError
 
 KVGATE_PREFIX = "x-kvgate-"
 KVGATE_ONLY = frozenset({"x-kvgate-internal", "x-kvgate-route-backend"})
@@ -19,6 +20,7 @@ HOP_BY_HOP = frozenset(
     )
 )
 REQUEST_ID = "X-Request-ID"
+MAX_REQUEST_ID_CHARS = 128
 NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"
 
@@ -108,3 +110,18 @@ def request_deadline(headers: Mapping[str, str]) -> tuple[float, str] | None:
             seconds = max(seconds * (1 - SDK_TIMEOUT_MARGIN), seconds - SDK_TIMEOUT_MARGIN_MAX_S)
         found.append((seconds, f"{name}: {raw.strip()[:20]}"))
     return min(found) if found else None
+
+
+def request_id_for(headers: Mapping[str, str]) -> str:
+    """The client's X-Request-ID when it is sane, otherwise a new one."""
+    given = headers.get(REQUEST_ID, "")
+    if 0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isprintable() and given.isascii():
+        return given
+    return uuid.uuid4().hex
+
+
+def error_headers(error: GatewayError, request_id: str) -> dict[str, str]:
+    headers = {REQUEST_ID: request_id}
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+    return headers

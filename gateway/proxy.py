@@ -1,6 +1,7 @@
 """The one orchestrator of the request path (design.md section 3); each step lives in the module named beside it.
 
     read the body        body/reader.py          decoded, bounded, held under the request's lease (body/budget.py)
+                         body/json_bound.py      its JSON elements bounded before parsing; parsed off-loop if large
     parse                dialects/               once, into a frozen ParsedRequest (domain.py)
     tenant               admission/tenants.py    API key to tenant and its caps
     route                backends/registry.py    the backends serving the model, and their own names for it;
@@ -25,9 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -36,17 +35,23 @@ from aiohttp import web
 from gateway import dialects
 from gateway.admission import AdmissionRejected
 from gateway.admission.admit import Admitter
+from gateway.admission.charging import reserved_output, settle_rate, take_rate
+from gateway.admission.keep_alive import carries_admin_key
+from gateway.admission.load_oom import GpuOutOfMemory, oom_refusal, room_after_oom
 from gateway.admission.outcome import AdmissionOutcome, response_headers
+from gateway.admission.rate_charge import RateCharge
 from gateway.admission.rates import RateLimit
 from gateway.admission.sequence_rules import reserves_kv
+from gateway.admission.shared.fencing import Fences, FenceSignal, fenced
 from gateway.admission.shared.rates import TenantRates
-from gateway.admission.tenants import Tenant
+from gateway.admission.tenants import ADMIN_TENANT, Tenant
 from gateway.admission.types import PoolKey
 from gateway.backends import Backend, BackendRegistry
 from gateway.body.budget import BodyBudget, BodyLease
+from gateway.body.json_bound import decode_bounded
 from gateway.body.reader import read_body
 from gateway.config import Settings
-from gateway.domain import KV_OPERATIONS, BackendKind, Dialect, Operation, ParsedRequest
+from gateway.domain import BackendKind, Dialect, Operation, ParsedRequest
 from gateway.errors import (
     BackendNotReady,
     BackendTimeout,
@@ -54,12 +59,14 @@ from gateway.errors import (
     BadRequest,
     GatewayError,
     InternalError,
-    RateLimited,
+    ModelNotFound,
 )
 from gateway.fitting.policy import FitPolicy, policy_for
 from gateway.fitting.summarizer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, InternalCalls
-from gateway.headers import REQUEST_ID, request_deadline, upstream_request_headers
+from gateway.gpu_oom import held_unless_oom
+from gateway.headers import error_headers, request_deadline, request_id_for, upstream_request_headers
 from gateway.listing import merged_listing
+from gateway.load_requests import is_load_request, keep_alive_of, serve_load_request
 from gateway.notice import Notice, reply_notice
 from gateway.observability.logs import ClientText, request_id_var
 from gateway.observability.metrics import Metrics, record
@@ -76,27 +83,9 @@ from gateway.tokens.prompt_counter import PromptCounter
 
 log = logging.getLogger("gateway.proxy")
 
-MAX_REQUEST_ID_CHARS = 128
-
-
 def _gone(request: web.Request) -> bool:
     transport = request.transport
     return transport is None or transport.is_closing()
-
-
-def request_id_for(request: web.Request) -> str:
-    """The client's X-Request-ID when it is sane, otherwise a new one."""
-    given = request.headers.get(REQUEST_ID, "")
-    if 0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isprintable() and given.isascii():
-        return given
-    return uuid.uuid4().hex
-
-
-def _error_headers(error: GatewayError, request_id: str) -> dict[str, str]:
-    headers = {REQUEST_ID: request_id}
-    if error.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
-    return headers
 
 
 @dataclass(slots=True)
@@ -122,6 +111,10 @@ class _Trace:
     """The pool the request was planned in, for its counts (observability/outcomes.py)."""
     summary_failure: str | None = None
     """Why a summary tried before a refusal failed (``SummaryFailed.reason``)."""
+    rate_charge: RateCharge | None = None
+    """What the tenant's rate was charged up front, settled once the request ends (rate_charge.py)."""
+    usage: UsageObserver | None = None
+    """What the reply reported or streamed, for the settlement."""
 
 
 class Proxy:
@@ -148,7 +141,8 @@ class Proxy:
         self._checks = ReplyChecks(live, counter, metrics)  # after a counted reply: truncation, calibration
         metrics.registry.register(RouteCollector(self._router, lambda: [b.name for b in registry.backends]))
         server = live.settings.server  # the body budget is bound at start (server.* needs a restart)
-        self._bodies = BodyBudget(int(server.max_held_body_bytes), wait_s=server.held_body_wait_s)
+        self.bodies = BodyBudget(int(server.max_held_body_bytes), wait_s=server.held_body_wait_s)
+        """Request-body bytes held at once, across the proxied routes and /kvgate/count."""
         live.subscribe(self._reloaded)
 
     @property
@@ -162,17 +156,19 @@ class Proxy:
                             for name, tenant in settings.tenants.items()})
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
-        request_id = request_id_for(request)
+        request_id = request_id_for(request.headers)
         token = request_id_var.set(request_id)
         dialect = fallback_dialect(request.path) if route is FALLBACK else route.dialect
         started_s = self._clock()
         status = 0
         detail: dict[str, object] = {"tenant": UNIDENTIFIED}  # until the key names one
         trace = _Trace()
-        lease = self._bodies.lease()  # the body bytes this request holds, given back when it is over
+        lease = self.bodies.lease()  # the body bytes this request holds, given back when it is over
         try:
             internal = self._internal is not None and self._internal.is_internal(request.headers)
-            tenant = Tenant(SUMMARIZER_TENANT) if internal else self._live.tenants.identify(request.headers)
+            admin = carries_admin_key(request.headers, self._live.settings.server.admin_key)
+            tenant = Tenant(SUMMARIZER_TENANT) if internal else Tenant(ADMIN_TENANT) if admin \
+                else self._live.tenants.identify(request.headers)
             detail["tenant"] = tenant.name
             response = await self._dispatch(request, route, dialect, request_id, tenant, lease, trace)
             status = response.status
@@ -195,6 +191,7 @@ class Proxy:
                                         request_id)
         finally:
             lease.release()
+            await settle_rate(self._rates, trace.rate_charge, trace.usage, status)
             elapsed_s = self._clock() - started_s
             detail.update(request_fields(
                 status=status, backend=trace.backend, model=trace.asked_model if trace.model == "-" else trace.model,
@@ -221,7 +218,7 @@ class Proxy:
             status=error.status,
             body=dialects.error_body(dialect, error),
             content_type="application/json",
-            headers=_error_headers(error, request_id),
+            headers=error_headers(error, request_id),
         )
 
     async def _dispatch(
@@ -242,24 +239,38 @@ class Proxy:
                     backend.listed_at_s = None  # a pull, create, copy or delete: list its models anew when asked
         settings = self._live.settings  # read once: this request runs under one configuration, whatever reloads
         raw = await read_body(request, lease, max_bytes=int(settings.server.max_body_bytes))
-        parsed = dialects.parse(dialect, route.operation, dialects.decode_body(raw), request.path)
+        decoded = await decode_bounded(raw, max_elements=settings.server.max_json_elements)  # off-loop when large
+        parsed = dialects.parse(dialect, route.operation, decoded, request.path)
         trace.asked_model = parsed.model
+        raw, parsed, notes = keep_alive_of(request.headers, request.path, raw, parsed, settings)
         if settings.server.log_contents:
             trace.content = logged_content(parsed)
         backends = await self._backend_for(request, parsed, route, tenant)
         backend = backends[0]
         trace.backend = backend.name
-        if not parsed.allocates_kv:
+        if is_load_request(parsed, backend):  # through the load gate, like a load a request causes
             try:
-                return await self._forward(request, backend, raw, dialect, request_id, {})
-            finally:
-                self._after_load_request(parsed, backend)
+                model = await self._registry.target_model(backend, parsed.model)
+            except ModelNotFound:  # nothing to load: the backend answers as it would
+                return await self._forward(request, backend, raw, dialect, request_id, notes)
+            return await serve_load_request(
+                self._admitter, backend, model, parsed, raw,
+                lambda body: self._forward(request, backend, body, dialect, request_id, notes),
+                pin_num_ctx=settings.admission.pin_num_ctx)
+        if not parsed.allocates_kv:
+            return await self._forward(request, backend, raw, dialect, request_id, notes)
         plan = await self._router.plan(parsed, backends, settings.routing, settings.admission.default_output_tokens)
         for backend, why in plan:  # the next one only after the last failed before anything reached the client
             trace.backend = backend.name
+            headers = {**notes, **({ROUTE_HEADER: why} if plan.routed else {})}
             try:
-                response = await self._serve(request, parsed, raw, dialect, request_id, tenant, settings, trace,
-                                             backend, plan, {ROUTE_HEADER: why} if plan.routed else {})
+                try:
+                    response = await self._serve(request, parsed, raw, dialect, request_id, tenant, settings, trace,
+                                                 backend, plan, headers)
+                except GpuOutOfMemory as oom:  # nothing reached the client: a fresh reading, one retry, else 503
+                    await room_after_oom(self._admitter.loads, backend, oom.model, oom.words, retried=False)
+                    response = await self._serve(request, parsed, raw, dialect, request_id, tenant, settings, trace,
+                                                 backend, plan, headers, retried=True)
             except BackendFailed as failure:
                 if not plan.failed(failure):
                     raise failure.error from None
@@ -274,10 +285,11 @@ class Proxy:
     async def _serve(
         self, request: web.Request, parsed: ParsedRequest, raw: bytes, dialect: Dialect, request_id: str,
         tenant: Tenant, settings: Settings, trace: _Trace, backend: Backend, plan: RoutePlan,
-        route_headers: dict[str, str],
+        route_headers: dict[str, str], *, retried: bool = False,
     ) -> web.StreamResponse:
         """Admit the request on ``backend``'s pool and forward it; raises BackendFailed when the backend failed
-        before anything was sent to the client (its permit released: another backend may take the request)."""
+        before anything was sent to the client (its permit released: another backend may take the request), and
+        GpuOutOfMemory when it ran out of GPU memory (``retried``: then it is a 503, load_oom.py)."""
         model = await self._registry.target_model(backend, parsed.model)
         if not reserves_kv(backend.kind, parsed.operation):  # an embedding on Ollama: its model's load is gated
             return await self._serve_unreserved(request, raw, dialect, request_id, tenant, trace, backend, model,
@@ -293,9 +305,12 @@ class Proxy:
         claim = self._admitter.claim(backend, pool)  # the model is not unloaded under this request
         try:
             count = trace.count = await self._counter.count(parsed, backend, model)
-            observer = UsageObserver() if usage_counts_prompt(parsed, count) else None  # truncation check
-            if not plan.retrying:  # the tenant's rate is taken once per request, not once per backend tried
-                await self._take_rate(tenant, count)
+            checked = usage_counts_prompt(parsed, count)  # the reply's usage is checked for a truncation
+            if not plan.retrying and trace.rate_charge is None:  # once per request, not per backend or retry
+                trace.rate_charge = await take_rate(self._rates, tenant, count, reserved_output(
+                    parsed, tenant, settings.admission.default_output_tokens))
+            counted = checked or (trace.rate_charge is not None and trace.rate_charge.counts_tokens)
+            observer = trace.usage = UsageObserver() if counted else trace.usage
             trace.admitting = True
             fit = self._fit_policy(settings, tenant, model)
             admitted = await self._admitter.admit(
@@ -312,18 +327,27 @@ class Proxy:
                 notice = None if pool is None else reply_notice(parsed, admitted.outcome, pool.slot_ctx_tokens,
                                                                 enabled=fit.notice)
                 try:
-                    response = await self._forward(request, backend, admitted.body, dialect, request_id, headers,
-                                                   observer, admitted.outcome.forwarded_count, notice,
-                                                   wait_restart=not plan.routed)  # else: the next backend, now
+                    with fenced(self._fences(), admitted.lease) as fence:  # shared ledger: ended before it expires
+                        response = await self._forward(
+                            request, backend, admitted.body, dialect, request_id, headers, observer,
+                            admitted.outcome.forwarded_count if checked else None, notice,
+                            wait_restart=not plan.routed,  # else: the next backend
+                            catch_oom=self._admitter.gates_loads(backend), fence=fence)
                 except (BackendUnavailable, BackendTimeout) as exc:  # nothing was sent: the client waits on
                     raise BackendFailed(backend, exc) from None
+                except GpuOutOfMemory as oom:
+                    self._admitter.model_may_have_reloaded(backend, model)  # the runner may be gone: read anew
+                    if retried:
+                        raise oom_refusal(backend.describe(), model, oom.words, retried=True) from None
+                    oom.model = model
+                    raise
             finally:
                 admitted.release()
                 if backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
                     self._admitter.model_may_have_reloaded(backend, model, at_default=True)  # /v1: Ollama's default
             if observer is not None and response.status == 200:
                 trace.output_tokens = observer.output_tokens()
-                await self._rates.settle(tenant.name, tenant.rate, trace.output_tokens or 0, time.monotonic())
+            if checked and observer is not None and response.status == 200:
                 await self._checks.observe(parsed, backend, admitted.outcome, observer.prompt_tokens(), model)
             return response
         finally:
@@ -337,7 +361,7 @@ class Proxy:
         resident, and held resident until the response ends."""
         trace.model = model or "-"
         if not plan.retrying:
-            await self._take_rate(tenant, None)
+            trace.rate_charge = await take_rate(self._rates, tenant, None, 0)
         claim = await self._admitter.hold_model(backend, model)
         try:
             return await self._forward(request, backend, raw, dialect, request_id, route_headers)
@@ -345,22 +369,6 @@ class Proxy:
             raise BackendFailed(backend, exc) from None
         finally:
             claim.release()
-
-    async def _take_rate(self, tenant: Tenant, count: TokenCount | None) -> None:
-        """The tenant's tokens and requests per minute: 429 with Retry-After when over; 400 for a counted prompt
-        larger than a whole minute's tokens (waiting would not help). An estimate never refuses: it is charged at
-        most a whole minute's tokens (it may wait for a full bucket)."""
-        prompt_tokens = count.tokens if count is not None else 0
-        per_minute = tenant.rate.tokens_per_minute
-        if count is not None and not count.exact and per_minute is not None:
-            prompt_tokens = min(prompt_tokens, per_minute)
-        refused = await self._rates.take(tenant.name, tenant.rate, prompt_tokens, time.monotonic())
-        if refused is None:
-            return
-        if math.isinf(refused.retry_after_s):
-            raise BadRequest(f"{refused.reason}; shorten the prompt or ask for a higher rate")
-        raise RateLimited(f"{refused.reason}; retry in {math.ceil(refused.retry_after_s)} s",
-                          retry_after_s=max(1.0, math.ceil(refused.retry_after_s)))
 
     async def _backend_for(
         self, request: web.Request, parsed: ParsedRequest, route: Route, tenant: Tenant
@@ -384,10 +392,9 @@ class Proxy:
         policy = policy_for(settings, tenant=tenant.name, model=model)
         return policy.without_summaries() if tenant.name == SUMMARIZER_TENANT else policy
 
-    def _after_load_request(self, parsed: ParsedRequest, backend: Backend) -> None:
-        """An Ollama chat or generate without a prompt loads (or unloads) the model: its context is read anew."""
-        if backend.kind is BackendKind.OLLAMA and parsed.operation in KV_OPERATIONS and parsed.model:
-            self._admitter.model_may_have_reloaded(backend, parsed.model)
+    def _fences(self) -> Fences | None:
+        shared = self._admitter.room.shared
+        return None if shared is None else shared.fences
 
     def _stream_cut(self, backend: str, reason: str) -> None:
         """A backend's answer broke off mid-way: take it out (``routing.down_s``), as if it had failed before."""
@@ -406,6 +413,8 @@ class Proxy:
         notice: Notice | None = None,
         *,
         wait_restart: bool = True,
+        catch_oom: bool = False,
+        fence: FenceSignal | None = None,
     ) -> web.StreamResponse:
         """Send the request to ``backend`` and relay its answer; with an ``observer``, the reply's usage is read on
         the way and a reply held whole names a silent truncation of the ``forwarded`` prompt in a header. A
@@ -413,7 +422,9 @@ class Proxy:
         timeouts = backend.settings.timeouts
         headers = upstream_request_headers(
             request.headers, host=backend.host_header, request_id=request_id, api_key=backend.api_key,
-            client_ip=request.remote, strip_client_keys=self._live.tenants.enabled,
+            client_ip=request.remote,  # kvgate's keys (a tenant's, the admin's) stay in kvgate
+            strip_client_keys=self._live.tenants.enabled or carries_admin_key(request.headers,
+                                                                              self._live.settings.server.admin_key),
             body_decoded=isinstance(body, bytes),  # a body kvgate read is forwarded decoded (gateway.body.encoding)
         )
         if notice is not None:
@@ -421,13 +432,17 @@ class Proxy:
         upstream = await backend.client.open(request.method, request.raw_path, headers, body,
                                              wait_restart=wait_restart)
         try:
+            extra = {"X-Kvgate-Backend": backend.name, **headers_out}
+            held = await held_unless_oom(upstream, request_id=request_id, extra_headers=extra) if catch_oom else None
+            if held is not None:  # a 500 that was no out-of-memory, read whole to tell
+                return held
             return await relay(
                 request, upstream, dialect=dialect, idle_s=timeouts.idle_s, request_id=request_id,
-                backend_label=backend.describe(), extra_headers={"X-Kvgate-Backend": backend.name, **headers_out},
+                backend_label=backend.describe(), extra_headers=extra,
                 observer=observer, coalesce_s=self._live.settings.server.stream_coalesce_s,
                 held_headers=None if observer is None or forwarded is None
                 else functools.partial(self._checks.truncation_header, observer, forwarded),
-                on_cut=functools.partial(self._stream_cut, backend.name), notice=notice,
+                on_cut=functools.partial(self._stream_cut, backend.name), notice=notice, fence=fence,
             )
         finally:
             upstream.close()

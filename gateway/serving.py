@@ -17,10 +17,18 @@ connection goes through these phases, each with its own deadline:
 - A client that stops reading a response is the relay's business (``gateway.streaming``,
   ``server.client_write_timeout_s``); it reports it here for the log line and the metric.
 
-The cap. At ``max_connections`` open connections, a new one closes the connection that has waited longest for its
-headers (a slow client, or one that never sent anything), or else the longest idle keep-alive one; when every
-connection is busy with a request, the new one is answered 503 with ``Retry-After`` and closed. Unset, the cap is half
-the open-file limit left after a reserve (each proxied request holds a second descriptor, upstream).
+- Body rate: past ``body_grace_s`` after its headers, a body slower on average than ``min_body_bytes_per_s`` is cut
+  as at its deadline (408 read whole, closed streamed through): a byte every few seconds holds no slot for long.
+
+The cap. At ``max_connections`` open connections, a new one closes a connection over its peer's limit, else the one
+that has waited longest for its headers (a slow client, or one that never sent anything), else the longest idle
+keep-alive one, else the one whose body arrives slowest; when every connection is busy with a request, the new one
+is answered 503 with ``Retry-After`` and closed. Unset, the cap is half the open-file limit left after a reserve
+(each proxied request holds a second descriptor, upstream). One client address may hold ``max_connections_per_peer``
+(default half the cap); a request on a connection past it is answered 429 in its route's dialect and the connection
+closed (``gateway.edge_refusals``). A connection accepted within ``FD_RESERVE`` descriptors of RLIMIT_NOFILE is
+answered 503 and closed, so the upstream pool keeps descriptors and accept() never fails unanswered. The decisions
+are ``gateway.edge_limits``.
 
 Closes for these reasons are counted (``kvgate_client_closes_total{reason}``) and logged as one WARNING line, then at
 most one summary line per ``LOG_INTERVAL_S``: never one line, let alone a traceback, per connection.
@@ -30,9 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import resource
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -40,7 +47,7 @@ from aiohttp.web_protocol import RequestHandler
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.config import ServerSettings
+from gateway.edge_limits import FD_RESERVE, ClientLimits, body_too_slow, near_fd_limit, slowest
 from gateway.errors import RequestTimeout
 from gateway.routes import ROUTES, Handling
 
@@ -48,39 +55,25 @@ log = logging.getLogger(__name__)
 
 LOG_INTERVAL_S = 60.0
 """After one WARNING about closed connections, the next comes as a summary no sooner than this."""
-FD_RESERVE = 64
-"""Descriptors kept out of the connection cap: the listening socket, the event loop, logs, tokenizer files."""
-REASONS = ("header_timeout", "body_timeout", "client_write_timeout", "evicted", "over_cap")
+REASONS = ("header_timeout", "body_timeout", "slow_body", "client_write_timeout", "evicted", "over_cap",
+           "over_peer_limit", "out_of_fds")
+RATE_CHECK_S = 1.0
+"""A body's rate is checked this often once its grace period has passed."""
 
 WHOLE_BODY_PATHS = frozenset({*(r.path for r in ROUTES if r.handling is Handling.PARSED), "/kvgate/count"})
 """Paths whose body kvgate reads whole before acting; the rest stream their body through."""
 
 _OVER_CAP_BODY = b'{"error": "kvgate has too many open connections (server.max_connections); try again in a second"}'
-_OVER_CAP = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_OVER_CAP_BODY), _OVER_CAP_BODY))
+_NO_FDS_BODY = b'{"error": "kvgate is out of file descriptors (RLIMIT_NOFILE); try again in a second"}'
 
 
-@dataclass(frozen=True, slots=True)
-class ClientLimits:
-    header_timeout_s: float
-    body_timeout_s: float
-    client_write_timeout_s: float
-    keepalive_timeout_s: float
-    max_connections: int
-
-    @classmethod
-    def from_settings(cls, server: ServerSettings) -> ClientLimits:
-        cap = server.max_connections if server.max_connections is not None else default_max_connections()
-        return cls(server.header_timeout_s, server.body_timeout_s, server.client_write_timeout_s,
-                   server.keepalive_timeout_s, cap)
+def _raw_503(body: bytes) -> bytes:
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
 
 
-def default_max_connections() -> int:
-    """Half the open-file limit left after ``FD_RESERVE``: every proxied request holds two descriptors."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 1_000_000
-    return max(16, (soft - FD_RESERVE) // 2)
+_OVER_CAP = _raw_503(_OVER_CAP_BODY)
+_NO_FDS = _raw_503(_NO_FDS_BODY)
 
 
 class Connections:
@@ -90,6 +83,8 @@ class Connections:
         self.limits = limits
         self.closed = dict.fromkeys(REASONS, 0)
         self.open = 0
+        self.peers: Counter[str] = Counter()
+        """Open connections by client address."""
         self.waiting: dict[GuardedRequestHandler, None] = {}
         """Connections waiting for request headers, oldest first."""
         self._unlogged = dict.fromkeys(REASONS, 0)
@@ -116,14 +111,18 @@ class Connections:
         self._flush = asyncio.get_running_loop().call_later(LOG_INTERVAL_S, self._summary)
 
     def make_room(self, server: web.Server) -> bool:
-        """At the cap: close the connection longest waiting for headers, else the longest idle one. False when
-        every connection is busy with a request."""
+        """At the cap: close a connection over its peer's limit, else the one longest waiting for headers, else the
+        longest idle one, else the slowest body. False when every connection is busy with a request."""
         if self.open < self.limits.max_connections:
             return True
-        victim = next(iter(self.waiting), None)
+        guarded = [c for c in server.connections if isinstance(c, GuardedRequestHandler) and c.counted]
+        victim = next((c for c in guarded if c.over_peer_limit is not None), None)
         if victim is None:
-            victim = next((c for c in server.connections if isinstance(c, GuardedRequestHandler) and c.is_idle()),
-                          None)
+            victim = next(iter(self.waiting), None)
+        if victim is None:
+            victim = next((c for c in guarded if c.is_idle()), None)
+        if victim is None:
+            victim = slowest(c.body_progress() for c in guarded if c.in_body())
         if victim is None:
             return False
         victim.drop("evicted", "made room for a new connection at server.max_connections "
@@ -155,16 +154,41 @@ class GuardedRequestHandler(RequestHandler):
         self._body_last_s = 0.0
         self._counted = False
         self._peer = "?"
+        self._peer_counted = False
+        self.over_peer_limit: str | None = None
+        """Why this connection is past its peer's limit (``gateway.edge_refusals`` answers 429), None when not."""
+        self._body_started_s = 0.0
+        self._body_bytes = 0
+        self._rate_check: asyncio.TimerHandle | None = None
 
     # -- connection lifecycle
+
+    @property
+    def counted(self) -> bool:
+        return self._counted
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         self._peer = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
-        room = self._connections.make_room(self._manager) if self._manager is not None else True
+        connections, limits = self._connections, self._connections.limits
+        sock = transport.get_extra_info("socket")
+        if sock is not None and near_fd_limit(sock.fileno(), limits.fd_soft_limit):
+            super().connection_made(transport)
+            connections.note("out_of_fds", f"{self._peer}: descriptor {sock.fileno()} is within {FD_RESERVE} of "
+                                           f"RLIMIT_NOFILE ({limits.fd_soft_limit}); answered 503")
+            transport.write(_NO_FDS)  # type: ignore[attr-defined]
+            self.force_close()
+            return
+        room = connections.make_room(self._manager) if self._manager is not None else True
         super().connection_made(transport)
-        self._connections.open += 1
+        connections.open += 1
         self._counted = True
+        connections.peers[self._peer] += 1
+        self._peer_counted = True
+        if connections.peers[self._peer] > limits.max_connections_per_peer:
+            self.over_peer_limit = (f"{self._peer} has {connections.peers[self._peer]} connections open to kvgate; "
+                                    f"the limit (server.max_connections_per_peer) is "
+                                    f"{limits.max_connections_per_peer}; close some or reuse them")
         if not room:
             self._connections.note("over_cap", f"{self._peer}: over server.max_connections "
                                                f"({self._connections.limits.max_connections}); answered 503")
@@ -176,7 +200,14 @@ class GuardedRequestHandler(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._cancel_deadline()
+        self._cancel_rate_check()
         self._connections.waiting.pop(self, None)
+        if self._peer_counted:
+            self._peer_counted = False
+            peers = self._connections.peers
+            peers[self._peer] -= 1
+            if peers[self._peer] <= 0:
+                del peers[self._peer]
         if self._counted:
             self._counted = False
             self._connections.open -= 1
@@ -190,6 +221,7 @@ class GuardedRequestHandler(RequestHandler):
         if self._request_count != before and self._messages:
             self._headers_done()
         elif self._phase == _Phase.BODY:
+            self._body_bytes += len(data)
             if self._body is None or self._body.is_eof():
                 self._to_idle()
             else:
@@ -200,9 +232,18 @@ class GuardedRequestHandler(RequestHandler):
         return (self._phase == _Phase.IDLE and not self._request_in_progress and not self._messages
                 and self.transport is not None)
 
+    def in_body(self) -> bool:
+        """Reading a request's body (the slowest such is closed at the cap)."""
+        return self._phase == _Phase.BODY and self.transport is not None
+
+    def body_progress(self) -> tuple[GuardedRequestHandler, int, float]:
+        """This connection, its body's bytes so far and the seconds since its headers (``edge_limits.slowest``)."""
+        return self, self._body_bytes, self._loop.time() - self._body_started_s
+
     def drop(self, reason: str, detail: str) -> None:
         self._connections.waiting.pop(self, None)
         self._cancel_deadline()
+        self._cancel_rate_check()
         if self._counted:  # its descriptor is freed on the next loop turn; count the room now
             self._counted = False
             self._connections.open -= 1
@@ -228,13 +269,45 @@ class GuardedRequestHandler(RequestHandler):
         self._body = payload
         url = getattr(message, "url", None)
         self._body_streamed = url is None or url.path not in WHOLE_BODY_PATHS
-        self._body_last_s = self._loop.time()
-        self._arm(self._body_last_s + self._connections.limits.body_timeout_s, self._body_late)
+        self._body_last_s = self._body_started_s = self._loop.time()
+        self._body_bytes = 0
+        limits = self._connections.limits
+        self._arm(self._body_last_s + limits.body_timeout_s, self._body_late)
+        if limits.min_body_bytes_per_s > 0:
+            self._cancel_rate_check()
+            self._rate_check = self._loop.call_at(self._body_started_s + limits.body_grace_s, self._check_rate)
 
     def _to_idle(self) -> None:
         self._phase = _Phase.IDLE
         self._body = None
         self._cancel_deadline()
+        self._cancel_rate_check()
+
+    def _cancel_rate_check(self) -> None:
+        if self._rate_check is not None:
+            self._rate_check.cancel()
+            self._rate_check = None
+
+    def _check_rate(self) -> None:
+        self._rate_check = None
+        body = self._body
+        if self._phase != _Phase.BODY or body is None or body.is_eof():
+            return
+        limits = self._connections.limits
+        _, received_bytes, elapsed_s = self.body_progress()
+        if not body_too_slow(received_bytes=received_bytes, elapsed_s=elapsed_s,
+                             min_bytes_per_s=limits.min_body_bytes_per_s, grace_s=limits.body_grace_s):
+            self._rate_check = self._loop.call_later(RATE_CHECK_S, self._check_rate)
+            return
+        what = (f"{received_bytes:,} bytes of request body in {elapsed_s:.1f} s, under "
+                f"{limits.min_body_bytes_per_s:g} bytes/s (server.min_body_bytes_per_s) past "
+                f"{limits.body_grace_s:g} s (server.body_grace_s)")
+        if self._body_streamed:
+            self.drop("slow_body", f"{what}; closed")
+            return
+        self._cut_body("slow_body", f"{what}; answered 408", f"the request body arrived at {received_bytes:,} bytes "
+                       f"in {elapsed_s:.1f} s, under {limits.min_body_bytes_per_s:g} bytes/s "
+                       "(server.min_body_bytes_per_s); send it faster")
 
     def _arm(self, when_s: float, callback: Callable[[], None]) -> None:
         self._cancel_deadline()
@@ -264,13 +337,21 @@ class GuardedRequestHandler(RequestHandler):
                 return
             self.drop("body_timeout", f"no byte of a streamed request body for {limit_s:g} s (server.body_timeout_s)")
             return
-        self._connections.note("body_timeout", f"{self._peer}: request body not complete within {limit_s:g} s "
-                                               "(server.body_timeout_s); answered 408")
+        self._cut_body("body_timeout", f"request body not complete within {limit_s:g} s (server.body_timeout_s); "
+                       "answered 408",
+                       f"the request body did not arrive within {limit_s:g} s (server.body_timeout_s); send it faster")
+
+    def _cut_body(self, reason: str, logged: str, answered: str) -> None:
+        """End a body kvgate reads whole: its read fails with RequestTimeout (408), then the connection closes."""
+        body = self._body
+        self._connections.note(reason, f"{self._peer}: {logged}")
         self._phase = _Phase.IDLE
         self._body = None
+        self._cancel_deadline()
+        self._cancel_rate_check()
         self.close()  # after the answer
-        body.set_exception(RequestTimeout(
-            f"the request body did not arrive within {limit_s:g} s (server.body_timeout_s); send it faster"))
+        if body is not None:
+            body.set_exception(RequestTimeout(answered))
 
 
 class GuardedServer(web.Server):

@@ -38,6 +38,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway import dialects
+from gateway.admission.shared.fencing import FenceSignal
 from gateway.backends.client import broken_off
 from gateway.domain import Dialect
 from gateway.errors import BackendTimeout, GatewayError
@@ -90,10 +91,12 @@ async def relay(
     held_headers: HeldHeaders | None = None,
     on_cut: Callable[[str], None] | None = None,
     notice: Notice | None = None,
+    fence: FenceSignal | None = None,
 ) -> web.StreamResponse:
     """Relay the backend's answer. ``on_cut`` hears why, when the backend's stream broke off after the answer began
     (the connection dropped, or it went silent for ``idle_s``): too late to retry, but the backend is suspect.
-    ``notice``: the line a 200 reply gets (module docstring)."""
+    ``notice``: the line a 200 reply gets (module docstring). ``fence``: the shared ledger may end the request
+    (``gateway.admission.shared.fencing``): a stream then gets the fence's error as its final event."""
     headers = downstream_response_headers(upstream.headers, request_id=request_id)
     headers.update(extra_headers)
     kind = stream_kind(upstream.headers.get("Content-Type", ""))
@@ -130,7 +133,7 @@ async def relay(
         if held:
             await _write_held(response, held, write_s)
         error = await pump(upstream, response, idle_s=idle_s, coalesce_s=coalesce_s, backend_label=backend_label,
-                            observer=observer, write_s=write_s, rewriter=rewriter)
+                            observer=observer, write_s=write_s, rewriter=rewriter, fence=fence)
     except ClientStalled:
         _client_stalled(request, write_s)
         return response
@@ -140,8 +143,10 @@ async def relay(
     if error is None:
         await response.write_eof(rewriter.end() if rewriter is not None else b"")
         return response
-    log.warning("stream from backend ended early: %s", error.message)
-    if on_cut is not None:
+    fenced = fence is not None and fence.error is error  # the backend is not to blame
+    log.warning("stream ended by the shared ledger's fence: %s" if fenced else "stream from backend ended early: %s",
+                error.message)
+    if on_cut is not None and not fenced:
         on_cut(error.message)
     if kind is not None:
         try:
@@ -252,11 +257,12 @@ async def pump(
     observer: UsageObserver | None,
     write_s: float = math.inf,
     rewriter: NoticeStream | None = None,
+    fence: FenceSignal | None = None,
 ) -> GatewayError | None:
     """Copy chunks until the backend's body ends, coalescing fast ones (module docstring); returns the backend's
     failure, if any. Raises ``ClientGone`` when the client left, ``ClientStalled`` when a write did not drain
     within ``write_s``. With a ``rewriter``, the client gets what it makes of each chunk (the observer, the
-    backend's own)."""
+    backend's own). A ``fence`` that fires ends the copy with the fence's error."""
     loop = asyncio.get_running_loop()
     content = upstream.content
     task = asyncio.current_task()
@@ -302,6 +308,9 @@ async def pump(
                 return error
             last_write_s = watchdog.last_s = loop.time()
     except asyncio.CancelledError:
+        fenced = None if fence is None or watchdog.fired is not None else fence.absorb()
+        if fenced is not None:
+            return fenced
         if watchdog.fired is None:
             raise
         task.uncancel()

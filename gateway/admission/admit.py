@@ -8,6 +8,7 @@ The permit travels with the response and is released exactly once, when the resp
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -21,7 +22,7 @@ from gateway.admission.outcome import AdmissionOutcome, Admitted, Reserved, Summ
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
 from gateway.admission.pools import PoolDirectory
 from gateway.admission.sequence_rules import completions_run, ignored_n_note
-from gateway.admission.tenants import Tenant
+from gateway.admission.tenants import Tenant, tenant_policy
 from gateway.backends import Backend
 from gateway.backends.prober import ProbeError
 from gateway.config import AdmissionConfig
@@ -64,6 +65,7 @@ def policy_from(config: AdmissionConfig) -> Policy:
         per_tenant_max_active=config.per_tenant_max_active,
         overtake_window_s=config.overtake_window_s,
         fair_queueing=config.queue_order == "fair",
+        max_queue_share=config.max_queue_share,
     )
 
 
@@ -193,6 +195,19 @@ class Admitter:
             return NO_CLAIM
         return self._loads.claim(backend.name, pool.model)
 
+    @property
+    def loads(self) -> LoadGate | None:
+        return self._loads
+
+    def gates_loads(self, backend: Backend) -> bool:
+        """Whether kvgate admits the loads of ``backend`` (an out-of-memory after it did is then kvgate's to
+        answer, load_oom.py; with residency off, the backend's own answer comes back)."""
+        return self._loads is not None and self._loads.applies(backend)
+
+    def load_lock(self, backend: Backend) -> contextlib.AbstractAsyncContextManager[object]:
+        """Held while kvgate decides, unloads and loads on ``backend`` (a client's unload request waits for it)."""
+        return self._loads.lock(backend) if self._loads is not None else contextlib.nullcontext()
+
     async def hold_model(self, backend: Backend, model: str | None) -> Claim | NoClaim:
         """For a request that reserves no KV (an embedding on Ollama, ``sequence_rules``): its model loaded through
         the GPU check when it is not resident (``LoadGate.ensure_loaded``), then held resident while it runs."""
@@ -249,11 +264,7 @@ class Admitter:
         if pool is None:
             return _tenant_capped(parsed, raw, limit if capped else None, outcome)
         cost = request_cost(parsed, pool, count, tenant, limit)
-        policy = self._policy
-        if tenant.max_active is not None:
-            policy = replace(policy, per_tenant_max_active=tenant.max_active)
-        if tenant.max_pool_share is not None:
-            policy = replace(policy, per_tenant_max_share=tenant.max_pool_share)
+        policy = tenant_policy(self._policy, tenant)
         if deadline is not None and deadline[0] < policy.queue_timeout_s:  # a deadline shortens the wait only
             policy = replace(policy, queue_timeout_s=deadline[0], queue_limit_name=f"the request's {deadline[1]}")
         fit = fit or self._default_fit

@@ -47,6 +47,15 @@ def queue_full(key: PoolKey, queued: int, max_queue: int, model: str = "") -> Re
     )
 
 
+def tenant_queue_full(key: PoolKey, tenant: str, queued: int, setting: str, model: str = "") -> Reject:
+    return Reject(
+        503,
+        QUEUE_FULL,
+        f"tenant '{tenant}' already has {queued:,} requests waiting for {_where(key, model)}, all of {setting}; "
+        "retry once some of them are served, or ask the operator for a larger share of the queue",
+    )
+
+
 def queue_timeout(
     key: PoolKey, waited_s: float, timeout_s: float, reason: str, limit_name: str = "queue_timeout_s",
     model: str = "",
@@ -78,4 +87,17 @@ def ledger_unavailable(key: PoolKey, cause: str) -> Reject:
         LEDGER_UNAVAILABLE,
         f"the shared ledger (Redis) is unreachable ({cause}), and shared_ledger.on_unreachable = 'refuse': no "
         f"request for {_where(key)} is admitted until it is back; retry later",
+    )
+
+
+LEDGER_FENCED = "ledger_fenced"
+
+
+def ledger_fenced(key: PoolKey, why: str) -> Reject:
+    """A running request ended by fencing (``shared/fence.py``): its lease in the shared ledger could not be kept."""
+    return Reject(
+        503,
+        LEDGER_FENCED,
+        f"this replica of kvgate ended the request on {_where(key)}: {why}; other replicas may now use its room "
+        f"in the pool, so it was stopped at the backend before it could overrun it; retry",
     )

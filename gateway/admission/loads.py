@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from gateway.admission.gpu_ledger import GpuBudget, GpuEntry, LoadReservations
 from gateway.admission.gpu_reading import read_gpu_entry
 from gateway.admission.load_offload import CpuOffload, when_full
+from gateway.admission.load_oom import names_gpu_oom, oom_refusal
 from gateway.admission.load_plan import (
     GpuRoom,
     LoadAction,
@@ -235,7 +236,7 @@ class LoadGate:
                      model, backend.describe(), exc)
             return None
         deadline_s = self._clock() + self._settings.residency.load_wait_s
-        announced = ""
+        announced, oom_retried = "", False
         lock = self.lock(backend)
         while True:
             async with lock:
@@ -243,8 +244,17 @@ class LoadGate:
                 if decision is None:
                     return None
                 if decision.action is LoadAction.LOAD:
-                    await self._carry_out(backend, decision, explicit=asked_explicitly,
-                                          embedding=profile.embedding_only)
+                    try:
+                        await self._carry_out(backend, decision, explicit=asked_explicitly,
+                                              embedding=profile.embedding_only)
+                    except ProbeError as exc:  # out of memory after the check: decide again once (load_oom.py)
+                        if not names_gpu_oom(500, str(exc)) or oom_retried:
+                            raise oom_refusal(backend.describe(), model, str(exc), retried=True) \
+                                if oom_retried else exc from None
+                        oom_retried = True
+                        log.warning("%s ran out of GPU memory after kvgate's check (%s); reading the GPU again",
+                                    _label(backend, model), exc)
+                        continue
                     return Loaded(decision, explicit=asked_explicitly)
                 if decision.action is LoadAction.REFUSE or self._clock() >= deadline_s:
                     self._count(backend).refused += 1
@@ -255,6 +265,16 @@ class LoadGate:
                 log.info("load of %s waits: %s", _label(backend, model), decision.describe())
                 announced = decision.reason
             await self._sleep(min(LOAD_POLL_S, max(0.01, self._settings.residency.min_resident_s / 4)))
+
+    async def decide_fresh(self, backend: Backend, model: str) -> LoadDecision | None:
+        """What a load of ``model`` would be decided now, from a fresh GPU reading (None: no gate, or no profile)."""
+        if not self.applies(backend):
+            return None
+        with contextlib.suppress(ProbeError, ProfileUnderivable, LookupError):
+            profile = await self._probes.profile(backend, model)
+            async with self.lock(backend):
+                return (await self._decide(backend, model, profile, at_default=False))[0]
+        return None
 
     def _refusal(self, backend: Backend, decision: LoadDecision, *, at_default: bool) -> LoadRefused:
         waited = (f" (waited {self._settings.residency.load_wait_s:g} s, residency.load_wait_s)"

@@ -155,6 +155,11 @@ class Admitted:
     outcome: AdmissionOutcome
     permit: Permit | None = None
 
+    @property
+    def lease(self) -> int | None:
+        """The reservation's id (its lease's, with a shared ledger), None without a pool."""
+        return None if self.permit is None else self.permit.reservation.id
+
     def release(self) -> None:
         if self.permit is not None:
             self.permit.release()

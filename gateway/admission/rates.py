@@ -1,11 +1,12 @@
 """Per-tenant rates: tokens per minute and requests per minute, as token buckets (pure; the caller passes the time).
 
     bucket   capacity = the per-minute rate; it refills continuously at rate / 60 per second, up to capacity
-    request  takes 1 from the tenant's request bucket and its prompt tokens from its token bucket, both or neither;
+    request  takes 1 from the tenant's request bucket and its tokens from its token bucket, both or neither;
              when either lacks what it needs, the request is refused (429) with ``Retry-After`` = the seconds until
              both would hold enough
-    settle   after the response, the output tokens the backend reported are taken from the token bucket, which may
-             go below zero: the tenant's next requests wait for the refill (a request can't know its output first)
+    settle   the caller takes the reserved output up front with the prompt (rate_charge.py); after the response, the
+             difference to what was used is taken (the bucket may go below zero: the tenant's next requests wait
+             for the refill) or given back (never above capacity)
 
 A request bigger than a whole minute's tokens is refused for good (a 429 would be retried in vain): the caller names
 the rate. ``RateLimiter`` keeps one pair of buckets per tenant with a rate; single-threaded (the event loop's).
@@ -102,14 +103,15 @@ class RateLimiter:
         return None
 
     def settle(self, tenant: str, limit: RateLimit, output_tokens: int, now_s: float) -> None:
-        """Charge the output tokens the backend reported (the bucket may go below zero)."""
-        if limit.tokens_per_minute is None or output_tokens <= 0:
+        """Charge ``output_tokens`` more (the bucket may go below zero), or give back as many when negative (the
+        unused part of what was taken up front, rate_charge.py; never above the bucket's capacity)."""
+        if limit.tokens_per_minute is None or output_tokens == 0:
             return
         bucket = self._tokens.get(tenant)
         if bucket is None:  # a reload removed the tenant or its rate while the request ran
             return
         bucket.refill(now_s)  # at the bucket's rate, which a reload may have changed since ``limit`` was read
-        bucket.level -= output_tokens
+        bucket.level = min(bucket.capacity, bucket.level - output_tokens)
 
     def retain(self, limits: Mapping[str, RateLimit]) -> None:
         """After a reload: keep the buckets of the tenants in ``limits`` that still have that rate; drop the rest."""

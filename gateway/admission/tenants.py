@@ -8,7 +8,9 @@ matched). Keys and digests are never logged.
 Who a request runs as, once any tenant has a key (kvgate's keys; otherwise every request is ``anonymous``):
 
     known key     its tenant
-    no key        ``anonymous``, with the caps of ``[tenants.anonymous]`` (401 with ``server.require_api_key``)
+    no key        ``anonymous``, with the caps of ``[tenants.anonymous]``, or when it sets none the tightest of every
+                  tenant's (keyless.py); 401 with ``server.require_api_key``. A key not sent as ``Bearer`` or
+                  ``X-Api-Key`` (``Basic``, ``Token``) is no key
     unknown key   401, unless ``[tenants.anonymous] allow_unknown_keys = true``: then ``anonymous``
 """
 
@@ -17,13 +19,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from gateway.admission.keyless import keyless_tenant
 from gateway.admission.rates import RateLimit
+from gateway.admission.types import Policy
 from gateway.config import ANONYMOUS_TENANT, Settings, TenantSettings
 from gateway.errors import Unauthorized
 
 ANONYMOUS = ANONYMOUS_TENANT
+ADMIN_TENANT = "kvgate-admin"
+"""Requests carrying ``server.admin_key`` (the proxy's: the admin runs uncapped, its keep_alive honoured)."""
 NO_RATE_LIMIT = RateLimit()
 _HOW = "send a tenant's key as 'Authorization: Bearer <key>' or 'X-Api-Key'"
 
@@ -38,6 +44,17 @@ class Tenant:
     max_pool_share: float | int | None = None
     rate: RateLimit = NO_RATE_LIMIT
     weight: float = 1.0
+    max_queued: int | None = None
+
+
+def tenant_policy(policy: Policy, tenant: Tenant) -> Policy:
+    """``policy`` with the tenant's own caps in place of the defaults."""
+    return replace(
+        policy,
+        per_tenant_max_active=policy.per_tenant_max_active if tenant.max_active is None else tenant.max_active,
+        per_tenant_max_share=policy.per_tenant_max_share if tenant.max_pool_share is None else tenant.max_pool_share,
+        tenant_max_queued=policy.tenant_max_queued if tenant.max_queued is None else tenant.max_queued,
+    )
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
@@ -52,7 +69,8 @@ def _tenant(name: str, config: TenantSettings | None) -> Tenant:
     if config is None:
         return Tenant(name)
     return Tenant(name, config.max_active, config.max_prompt_tokens, config.max_output_tokens, config.priority,
-                  config.max_pool_share, RateLimit(config.tokens_per_minute, config.requests_per_minute), config.weight)
+                  config.max_pool_share, RateLimit(config.tokens_per_minute, config.requests_per_minute), config.weight,
+                  config.max_queued)
 
 
 class TenantDirectory:
@@ -63,7 +81,7 @@ class TenantDirectory:
             tenant = _tenant(name, config)
             self._digests += [(bytes.fromhex(digest), tenant) for digest in config.digests()]
         anonymous = settings.tenants.get(ANONYMOUS)
-        self._anonymous = _tenant(ANONYMOUS, anonymous)
+        self._anonymous = keyless_tenant(settings, _tenant(ANONYMOUS, anonymous), tenants_have_keys=bool(self._digests))
         self._unknown_is_anonymous = not self._digests or (anonymous is not None and anonymous.allow_unknown_keys)
 
     def __repr__(self) -> str:
@@ -76,7 +94,7 @@ class TenantDirectory:
 
     @property
     def anonymous(self) -> Tenant:
-        """The tenant of requests without a key: ``[tenants.anonymous]``'s caps, or none."""
+        """The tenant of requests without a key: ``[tenants.anonymous]``'s caps, or the tightest (keyless.py)."""
         return self._anonymous
 
     def identify(self, headers: Mapping[str, str]) -> Tenant:

@@ -144,6 +144,8 @@ class Policy:
       SDK's ``X-Stainless-Read-Timeout``) can shorten it, never lengthen it (``queue_limit_name`` then says so).
     - ``fair_queueing``: within one priority, order the queue by weighted fair share of reserved tokens between
       tenants (``fair_share``); off, by arrival.
+    - ``max_queue_share`` and ``tenant_max_queued``: the places of a pool's queue one tenant may hold: its own
+      ``max_queued`` when set, else ``max_queue_share`` of ``max_queue`` (``queue_share``); more is 503 ``queue_full``.
     - ``estimate_is_final``: the prompt's count is an estimate no counter can better (the real count was asked for
       and is unavailable): the planner then never refuses it for its length; the backend's own count decides
       (planner rule 2).
@@ -162,6 +164,8 @@ class Policy:
     fair_queueing: bool = True
     """What set ``queue_timeout_s``, for the refusal: the setting, or the request's own deadline."""
     estimate_is_final: bool = False
+    max_queue_share: float = 0.5
+    tenant_max_queued: int | None = None
 
     def __post_init__(self) -> None:
         if self.default_output_tokens < 0 or self.max_queue < 0:
@@ -170,6 +174,8 @@ class Policy:
             raise ValueError(f"estimate_margin is {self.estimate_margin}; expected a fraction such as 0.10")
         if self.queue_timeout_s <= 0 or self.overtake_window_s < 0:
             raise ValueError("queue_timeout_s must be positive and overtake_window_s not negative")
+        if not 0.0 < self.max_queue_share <= 1.0 or (self.tenant_max_queued or 0) < 0:
+            raise ValueError(f"max_queue_share is {self.max_queue_share}; expected a fraction in (0, 1]")
         if self.per_tenant_max_active is not None and self.per_tenant_max_active < 1:
             raise ValueError(f"per_tenant_max_active is {self.per_tenant_max_active}; use None for no cap")
         share = self.per_tenant_max_share

@@ -48,6 +48,7 @@ import asyncio
 import bisect
 import dataclasses
 import itertools
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ from gateway.admission.fair_share import FairClock, Tag
 from gateway.admission.ledger import Ledger, Reservation
 from gateway.admission.permit import Permit
 from gateway.admission.planner import held_sequences, plan
+from gateway.admission.queue_share import over_share
 from gateway.admission.shared.pools import SharedPools
 from gateway.admission.shared.snapshots import combine, limits_for
 from gateway.admission.shared.store import Place
@@ -89,11 +91,14 @@ class _Waiter:
     placed: bool = False  # counted against max_queue (here, and across replicas when shared)
     joined: bool = False  # holds a place in the shared queue, to give back when it leaves
     held: bool = False  # the shared ledger said it is not its turn: wait for fresh totals before asking again
+    arrival_ms: float = math.inf  # in the shared queue (Redis's clock); until it joined, after all who did
 
     @property
-    def order(self) -> tuple[int, float, int]:
+    def order(self) -> tuple[int, float, float, int]:
+        """The reserve script's order too (``shared/scripts.py``: priority, start tag, arrival, sequence number), so
+        the head of the shared queue is always the head of its own replica's queue."""
         fair_start = self.tag.start if self.policy.fair_queueing else 0.0
-        return (-self.cost.priority, fair_start, self.seq)
+        return (-self.cost.priority, fair_start, self.arrival_ms, self.seq)
 
 
 class WaitingRoom:
@@ -152,6 +157,9 @@ class WaitingRoom:
         for waiter in self._queues.get(key, ()):
             waiter.held = False
         self._dispatch(key)
+
+    def _waiting_across(self, key: PoolKey) -> bool:
+        return self._shared is not None and self._shared.waiting_across(key) > 0
 
     def pool_snapshot(self, key: PoolKey) -> LedgerSnapshot:
         """What the pool holds: this replica's reservations, plus (shared) what the other replicas hold."""
@@ -216,8 +224,8 @@ class WaitingRoom:
                 raise AdmissionRejected(first)
             fair = self._fair.setdefault(key, FairClock())
             tag = fair.tag(cost.tenant, _reserve_tokens(first, cost, pool, policy), cost.weight)
-            if isinstance(first, Admit) and key not in self._queues:  # nobody waits: dispatch would admit it at once
-                fair.served(tag)
+            if isinstance(first, Admit) and key not in self._queues and not self._waiting_across(key):
+                fair.served(tag)  # nobody waits, here or (shared) anywhere: dispatch would admit it at once
                 return _Grant(self._reserve(key, first, cost.tenant), first, 0.0), tag
             future = asyncio.get_running_loop().create_future()
             waiter = _Waiter(next(self._seq), key, pool, cost, policy, self._clock(), future, tag)
@@ -226,6 +234,12 @@ class WaitingRoom:
             waiter.future = asyncio.get_running_loop().create_future()
         queue = self._queues.setdefault(key, [])
         bisect.insort(queue, waiter, key=lambda w: w.order)
+        try:
+            if self._shared is not None:  # its place in the shared queue before its first commit (one fair order)
+                await self._take_place(waiter, queue)
+        except BaseException:
+            self._abandon(waiter)
+            raise
         self._dispatch(key)
         if waiter.future.done():
             return waiter.future.result(), waiter
@@ -249,26 +263,42 @@ class WaitingRoom:
         key, policy = waiter.key, waiter.policy
         waiting = len(queue)
         if waiting <= policy.max_queue and self._shared is not None and not waiter.future.done():
-            joined = await self._shared.join_queue(key, waiter.seq, policy.max_queue, _place(waiter))
-            if joined is not None:
-                waiting = joined.waiting
-                waiter.joined = joined.placed
-                if joined.placed:  # the fair order across replicas: the tag from the pool's clock in Redis
-                    waiter.tag = Tag(waiter.cost.tenant, joined.start, joined.finish)
-                    self._queues.get(key, []).sort(key=lambda w: w.order)
+            waiting = await self._join_shared(self._shared, waiter) or waiting
         if waiting > policy.max_queue and not waiter.future.done():
             self._counter(key).queue_full_total += 1
             raise AdmissionRejected(errors.queue_full(key, waiting - 1, policy.max_queue,  # those before it
                                                       waiter.cost.model))
+        over = over_share(waiter.cost.tenant, (w.cost.tenant for w in queue if w.placed and w is not waiter), policy)
+        if over is not None and not waiter.future.done():  # one tenant's flood leaves the others places
+            self._counter(key).queue_full_total += 1
+            raise AdmissionRejected(errors.tenant_queue_full(key, waiter.cost.tenant, over[0], over[2],
+                                                             waiter.cost.model))
+
+    async def _join_shared(self, shared: SharedPools, waiter: _Waiter) -> int | None:
+        """Its place in the shared queue, and the fair tag from the pool's clock in Redis (the one order across
+        replicas): how many wait there with it, or None when Redis is unreachable."""
+        joined = await shared.join_queue(waiter.key, waiter.seq, waiter.policy.max_queue, _place(waiter))
+        if joined is None:
+            return None
+        waiter.joined = joined.placed
+        if joined.placed:
+            waiter.tag = Tag(waiter.cost.tenant, joined.start, joined.finish)
+            waiter.arrival_ms = joined.arrival_ms
+            self._queues.get(waiter.key, []).sort(key=lambda w: w.order)
+        return joined.waiting
 
     async def _commit(self, shared: SharedPools, grant: _Grant, pool: PoolSpec, cost: RequestCost, policy: Policy,
                       waiter: _Waiter | Tag) -> bool:
-        """Make a grant final across replicas; a lost race (or not its turn yet) frees it here and answers False."""
+        """Make a grant final across replicas; a lost race (or not its turn yet) frees it here and answers False. A
+        waiter without a place in the shared queue (Redis was away when it came) takes one first."""
+        if isinstance(waiter, _Waiter) and not waiter.joined and shared.up:
+            await self._join_shared(shared, waiter)
         reservation = grant.reservation
         place = waiter.seq if isinstance(waiter, _Waiter) and waiter.joined else None
         commit = asyncio.ensure_future(shared.commit(reservation, limits_for(pool, policy), waiter=place,
                                                      overtake_s=policy.overtake_window_s,
-                                                     weight=_fair_weight(cost, policy), priority=cost.priority))
+                                                     weight=_fair_weight(cost, policy), priority=cost.priority,
+                                                     queued=isinstance(waiter, _Waiter)))
         try:
             committed = await asyncio.shield(commit)
         except asyncio.CancelledError:  # the lease may land after this: free it once the commit is done

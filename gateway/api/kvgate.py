@@ -19,6 +19,9 @@ from gateway.admission.pool_slots import SlotSource
 from gateway.backends import Backend, BackendRegistry
 from gateway.backends.prober import ProbeError
 from gateway.backends.probes import BackendProbes, local_profile
+from gateway.body.budget import BodyBudget
+from gateway.body.json_bound import decode_bounded
+from gateway.body.reader import read_body
 from gateway.domain import BackendKind, Dialect
 from gateway.errors import BackendUnavailable, BadRequest, GatewayError
 from gateway.memory.estimate import estimate, parse_fit_params, ram_check
@@ -46,7 +49,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CONTEXT_TOKENS = 8192
 
 Deps = Callable[[web.Request], tuple[BackendRegistry, BackendProbes]]
-CountDeps = Callable[[web.Request], tuple[BackendRegistry, PromptCounter]]
+CountDeps = Callable[[web.Request], tuple[BackendRegistry, PromptCounter, BodyBudget]]
 COUNTABLE_ROUTES = {route.path: route for route in ROUTES if route.operation in COUNTED_OPERATIONS}
 
 
@@ -163,23 +166,31 @@ async def _vram(probes: BackendProbes, backend: Backend) -> tuple[VramReading | 
         return None, f"no VRAM reading: {exc}"
 
 
-def count_handler(deps: CountDeps) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """POST /kvgate/count?route=/api/chat with a request body as a client would send it to that route."""
+def count_handler(
+    deps: CountDeps, *, max_body_bytes: int, max_json_elements: int = 1_000_000
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """POST /kvgate/count?route=/api/chat with a request body as a client would send it to that route; its body
+    read and held like a proxied one's (``server.max_body_bytes``, under ``server.max_held_body_bytes`` with every
+    other body), its JSON elements bounded the same way (``server.max_json_elements``)."""
 
     async def count(request: web.Request) -> web.Response:
-        registry, counter = deps(request)
+        registry, counter, bodies = deps(request)
+        lease = bodies.lease()
         try:
             path = request.query.get("route", "/v1/chat/completions")
             route = COUNTABLE_ROUTES.get(path)
             if route is None:
                 allowed = ", ".join(sorted(COUNTABLE_ROUTES))
                 raise BadRequest(f"route is {path!r}; allowed: {allowed}")
-            body = dialects.decode_body(await request.read())
+            raw = await read_body(request, lease, max_bytes=max_body_bytes)
+            body = await decode_bounded(raw, max_elements=max_json_elements)
             parsed = dialects.parse(route.dialect, route.operation, body, route.path)
             backend = await registry.resolve(parsed.model, route.kind)
             result = await counter.count(parsed, backend)
         except GatewayError as exc:
             return _error(exc)
+        finally:
+            lease.release()
         return web.json_response({
             "model": parsed.model, "backend": backend.name, "route": path,
             "prompt_tokens": result.tokens, "counter": result.counter, "exact": result.exact,

@@ -11,15 +11,14 @@ from gateway.errors import PayloadTooLarge
 
 async def read_body(request: web.Request, lease: BodyLease, *, max_bytes: int) -> bytes:
     """The whole body, decoded (gzip, deflate), at most ``server.max_body_bytes``; the bytes are held under the
-    request's lease (``server.max_held_body_bytes`` across requests) until the request is over."""
+    request's lease (``server.max_held_body_bytes`` across requests), as they arrive, until the request is over."""
     limit = max_bytes
     coding = coding_of(request.headers.get("Content-Encoding"))
     declared = request.content_length
     if declared is not None and declared > limit:
         raise PayloadTooLarge(f"request body is {declared:,} bytes; the limit (server.max_body_bytes) is {limit:,}")
     decoder = BodyDecoder(coding, max_bytes=limit) if coding is not None else None
-    if decoder is None and declared is not None:
-        await lease.take(declared)  # all of it up front: no half-read body waits for room
+    # bytes are held as they arrive, not as declared: a client that declares 32 MiB and sends one byte holds one
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.content.iter_any():

@@ -31,8 +31,10 @@ class SharedLedgerCollector(Collector):
              "their next poll", shared.wakeups_total),
             ("kvgate_shared_ledger_expired_leases", "Leases seen expired (a replica stopped renewing them)",
              shared.expired_total),
-            ("kvgate_shared_ledger_readded_leases", "This replica's leases that had expired while it was cut off "
-             "and were added back", shared.readded_total),
+            ("kvgate_shared_ledger_readded_leases", "This replica's leases Redis no longer had (expired or lost) "
+             "that were added back, capacity-checked", shared.readded_total),
+            ("kvgate_shared_ledger_fenced", "Requests this replica ended because their leases could not be kept "
+             "(not renewed in time, or no room to add them back)", shared.fences.fenced_total),
         ):
             yield CounterMetricFamily(name, doc, value=value)
 
@@ -48,4 +50,5 @@ def shared_status(shared: SharedPools | None) -> dict[str, Any]:
         "on_unreachable": config.on_unreachable, "outages": shared.down_total,
         "lost_races": shared.lost_races_total, "turns_kept": shared.turns_kept_total,
         "wakeups": shared.wakeups_total, "expired_leases": shared.expired_total,
+        "fenced": shared.fences.fenced_total, "fence_margin_s": config.fence_margin_s,
     }

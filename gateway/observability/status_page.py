@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from importlib import resources
+from typing import Any
 
 from aiohttp import web
 
@@ -32,11 +33,12 @@ def _read(name: str) -> bytes:
     return resources.files("gateway").joinpath("static", name).read_bytes()
 
 
-def add_routes(router: web.UrlDispatcher) -> None:
-    """``GET /kvgate/`` and its two assets (files read once, here), and the redirect from ``/kvgate``."""
+def add_routes(router: web.UrlDispatcher, **route_options: Any) -> None:
+    """``GET /kvgate/`` and its two assets (files read once, here), and the redirect from ``/kvgate``;
+    ``route_options`` go to each ``add_get`` (the app's ``expect_handler``)."""
     for name, (filename, content_type) in FILES.items():
-        router.add_get(PAGE_PATH + name, _serve(_read(filename), content_type), allow_head=True)
-    router.add_get(PAGE_PATH.rstrip("/"), _redirect, allow_head=True)
+        router.add_get(PAGE_PATH + name, _serve(_read(filename), content_type), allow_head=True, **route_options)
+    router.add_get(PAGE_PATH.rstrip("/"), _redirect, allow_head=True, **route_options)
 
 
 def _serve(body: bytes, content_type: str) -> Callable[[web.Request], Awaitable[web.Response]]:

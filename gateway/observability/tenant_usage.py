@@ -10,8 +10,8 @@ counters, fed at the same place: ``metrics.record``).
     refusals        what kvgate refused itself, by a bounded reason (``refusal_reason``); a client without a valid
                     key is no tenant and is not counted here
 
-Tenant names are bounded: configured names, ``anonymous`` and ``kvgate-summarizer``; a request refused before its
-tenant was known (``UNIDENTIFIED``) is left out. No I/O, no clock.
+Tenant names are bounded: configured names, ``anonymous``, ``kvgate-admin`` and ``kvgate-summarizer``; a request
+refused before its tenant was known (``UNIDENTIFIED``) is left out. No I/O, no clock.
 """
 
 from __future__ import annotations

@@ -136,6 +136,9 @@ class UsageObserver:
         self._tail_bytes = 0
         self._dropped = False
         self._found: dict[_Extract, int | None] = {}
+        self.streamed_chunks = 0
+        """The stream's events so far (NDJSON lines, SSE ``data:`` fields): about one token each, what a stream cut
+        before its usage is charged (rate_charge.py)."""
 
     def begin(self, content_type: str) -> None:
         """Called with the response's Content-Type before the first chunk."""
@@ -143,6 +146,8 @@ class UsageObserver:
 
     def feed(self, chunk: bytes) -> None:
         self._found.clear()
+        if self._kind is not None:
+            self.streamed_chunks += chunk.count(b"\n") if self._kind == NDJSON else chunk.count(b"data:")
         self._tail.append(chunk)
         self._tail_bytes += len(chunk)
         while self._tail_bytes - len(self._tail[0]) >= TAIL_BYTES:

@@ -10,7 +10,10 @@ What counting may hold and do is bounded, whatever clients send:
   any other name (an OpenAI-compatible server's, a /kvgate/count guess) lives in a small LRU of
   ``UNLISTED_CHAINS``, so 5,000 made-up names cost 16 chains, not 5,000;
 - a prompt over ``counting.exact_count_max_bytes`` is estimated, never tokenized: a 20 MiB chat costs a pass over
-  its bytes, not seconds of CPU and the tokenizer's per-token memory.
+  its bytes, not seconds of CPU and the tokenizer's per-token memory;
+- the prompts tokenized at once hold at most ``counting.max_tokenizing_bytes`` between them (see
+  tokenizing_budget): 8 chats just under the exact-count limit are counted two at a time, not all at once, and one
+  that finds no room within its count budget is estimated, flagged.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections import OrderedDict
 
 from gateway.backends import Backend
 from gateway.config import Settings
-from gateway.domain import KV_OPERATIONS, NO_OUTPUT_OPERATIONS, BackendKind, ParsedRequest
+from gateway.domain import KV_OPERATIONS, NO_OUTPUT_OPERATIONS, BackendKind, ParsedRequest, Prompt
 from gateway.tokens import (
     CounterChain,
     CounterUnavailable,
@@ -35,6 +38,7 @@ from gateway.tokens.backend_tokenize import TokenizeEndpoints
 from gateway.tokens.estimate import EstimateCounter
 from gateway.tokens.llama_server_counter import probe_chat_template
 from gateway.tokens.request_count import prompt_bytes
+from gateway.tokens.tokenizing_budget import TokenizingBudget
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,10 @@ def counting_settings(settings: Settings) -> CountingSettings:
     )
 
 
+class NoTokenizingRoom(Exception):
+    """The tokenizing budget had no room for a prompt within its wait: the caller estimates instead."""
+
+
 class PromptCounter:
     def __init__(self, settings: Settings) -> None:
         self._settings = counting_settings(settings)
@@ -68,6 +76,7 @@ class PromptCounter:
         self._unlisted: OrderedDict[tuple[str, str], CounterChain] = OrderedDict()
         self._configured = frozenset(settings.models)
         self._exact_max_bytes = int(settings.counting.exact_count_max_bytes)
+        self.tokenizing = TokenizingBudget(int(settings.counting.max_tokenizing_bytes))
         self._templates: dict[str, asyncio.Future[str | None]] = {}
         self._endpoints: dict[str, TokenizeEndpoints] = {}
         """Per OpenAI-compatible backend: which tokenize endpoint it has, probed once for all its models."""
@@ -163,13 +172,15 @@ class PromptCounter:
             await asyncio.wait({running}, timeout=budget)
         if key in self._warm:  # its tokenizer is loaded: no need to guard against a slow load
             try:
-                return await count_prompt(prompt, chain)
+                return await self._exact(prompt, chain, size_bytes, budget)
             except CounterUnavailable as exc:
                 log.warning("could not count the prompt: %s", exc.reason)
                 return await count_prompt(prompt, self._estimate)
+            except NoTokenizingRoom:
+                return await self._no_room(prompt, size_bytes)
         running = self._slow.get(key)
         if running is None or running.done():
-            task = asyncio.ensure_future(count_prompt(prompt, chain))
+            task = asyncio.ensure_future(self._exact(prompt, chain, size_bytes, budget))
             done, _ = await asyncio.wait({task}, timeout=budget)
             if done:
                 try:
@@ -177,6 +188,8 @@ class PromptCounter:
                 except CounterUnavailable as exc:
                     log.warning("could not count the prompt: %s", exc.reason)
                     return await count_prompt(prompt, self._estimate)
+                except NoTokenizingRoom:
+                    return await self._no_room(prompt, size_bytes)
                 if result.counter != ESTIMATE_COUNTER and self._cached(key) is chain:
                     self._warm.add(key)
                 return result
@@ -184,6 +197,18 @@ class PromptCounter:
             self._slow[key] = task
             log.info("counting for model %r on %s takes over %g s (a tokenizer loading?); estimating meanwhile",
                      model, backend.describe(), budget)
+        return await count_prompt(prompt, self._estimate)
+
+    async def _exact(self, prompt: Prompt, chain: CounterChain, size_bytes: int, wait_s: float) -> TokenCount:
+        """The exact count, holding the prompt's bytes in the tokenizing budget while it runs."""
+        async with self.tokenizing.held(size_bytes, wait_s) as got:
+            if not got:
+                raise NoTokenizingRoom
+            return await count_prompt(prompt, chain)
+
+    async def _no_room(self, prompt: Prompt, size_bytes: int) -> TokenCount:
+        log.info("prompt of %s bytes estimated: counting.max_tokenizing_bytes (%s) is taken by %s bytes being "
+                 "tokenized", f"{size_bytes:,}", f"{self.tokenizing.limit_bytes:,}", f"{self.tokenizing.held_bytes:,}")
         return await count_prompt(prompt, self._estimate)
 
     def _settle(self, key: tuple[str, str], task: asyncio.Future[TokenCount]) -> None:
@@ -200,6 +225,9 @@ class PromptCounter:
         """Learn a model's template overhead from the prompt length its backend reported."""
         chain = self._cached((backend.name, model))
         messages = parsed.prompt_input.messages
-        if chain is None or not messages or prompt_bytes(parsed.prompt_input) > self._exact_max_bytes:
+        size_bytes = prompt_bytes(parsed.prompt_input)
+        if chain is None or not messages or size_bytes > self._exact_max_bytes:
             return
-        await chain.calibrate(list(messages), list(parsed.prompt_input.tools), observed_prompt_tokens)
+        async with self.tokenizing.held(size_bytes, wait_s=0) as got:  # no room now: learnt from a later reply
+            if got:
+                await chain.calibrate(list(messages), list(parsed.prompt_input.tools), observed_prompt_tokens)

@@ -25,6 +25,8 @@ TENANTS: dict[str, Any] = {
     "team": {"api_key_sha256": [TEAM_DIGEST], "priority": 5},  # stored hashed: `printf %s KEY | sha256sum`
 }
 ANONYMOUS_CAPS: dict[str, Any] = {"max_active": 1, "max_prompt_tokens": 20, "max_output_tokens": 64, "priority": -5}
+TIGHTEST = Tenant(ANONYMOUS, max_active=2, max_prompt_tokens=50, max_output_tokens=128, priority=-1)
+"""Keyless with tenants and no anonymous caps: the tightest of the tenants' caps (issue 23, keyless.py)."""
 
 
 def directory(*, required: bool = False, tenants: dict[str, Any] | None = None,
@@ -75,12 +77,13 @@ configuration                 | no key     | unknown key | plain key  | hashed k
 ------------------------------+------------+-------------+------------+------------+-----------
 no tenants                    | anonymous  | anonymous   | anonymous  | anonymous  | anonymous
 anonymous caps only           | anonymous+ | anonymous+  | anonymous+ | anonymous+ | anonymous+
-tenants                       | anonymous  | 401         | ci         | team       | 401
+tenants                       | anonymous- | 401         | ci         | team       | 401
 tenants + anonymous policy    | anonymous+ | 401         | ci         | team       | 401
 tenants + allow_unknown_keys  | anonymous+ | anonymous+  | ci         | team       | anonymous+
 require_api_key               | 401        | 401         | ci         | team       | 401
 require_api_key + anon policy | 401        | 401         | ci         | team       | 401
-(anonymous+: the tenant 'anonymous' with the caps of [tenants.anonymous]; 401: Unauthorized)"""
+(anonymous+: the tenant 'anonymous' with the caps of [tenants.anonymous]; anonymous-: with the tightest of the
+tenants' caps, [tenants.anonymous] setting none; 401: Unauthorized)"""
 
 
 def _outcome(tenants: TenantDirectory, headers: dict[str, str]) -> str:
@@ -89,8 +92,8 @@ def _outcome(tenants: TenantDirectory, headers: dict[str, str]) -> str:
     except Unauthorized:
         return "401"
     if found.name == ANONYMOUS:
-        assert found in (Tenant(ANONYMOUS), Tenant(ANONYMOUS, **ANONYMOUS_CAPS))
-        return "anonymous+" if found.max_prompt_tokens else "anonymous"
+        assert found in (Tenant(ANONYMOUS), Tenant(ANONYMOUS, **ANONYMOUS_CAPS), TIGHTEST)
+        return "anonymous-" if found == TIGHTEST else "anonymous+" if found.max_prompt_tokens else "anonymous"
     return found.name
 
 
@@ -103,7 +106,8 @@ def test_the_matrix_of_configurations_and_keys() -> None:
     for config, (tenants, required) in CONFIGS.items():
         found = directory(tenants=tenants, required=required)
         lines.append(_row([config, *(_outcome(found, headers) for headers in KEYS.values())]))
-    lines.append("(anonymous+: the tenant 'anonymous' with the caps of [tenants.anonymous]; 401: Unauthorized)")
+    lines.append("(anonymous+: the tenant 'anonymous' with the caps of [tenants.anonymous]; anonymous-: with the "
+                 "tightest of the\ntenants' caps, [tenants.anonymous] setting none; 401: Unauthorized)")
     table = "\n".join(lines)
     print("\n" + table)
     assert table == EXPECTED
@@ -146,7 +150,7 @@ def test_near_misses_are_no_ones_key(key: str) -> None:
         with pytest.raises(Unauthorized, match="is not one of kvgate's"):
             directory(required=required).identify({"X-Api-Key": key})
     lenient = directory(tenants={**TENANTS, "anonymous": {"allow_unknown_keys": True}})
-    assert lenient.identify({"X-Api-Key": key}) == Tenant(ANONYMOUS)
+    assert lenient.identify({"X-Api-Key": key}) == TIGHTEST  # let in, but never with more than any tenant
 
 
 @pytest.mark.parametrize(
@@ -164,7 +168,7 @@ def test_malformed_keys_match_nothing(key: str) -> None:
 
 
 def test_a_missing_key_gets_the_anonymous_policy_unless_keys_are_required() -> None:
-    assert directory().identify({}) == Tenant(ANONYMOUS)
+    assert directory().identify({}) == TIGHTEST  # no [tenants.anonymous]: the tightest of the tenants' caps
     capped = directory(tenants={**TENANTS, "anonymous": ANONYMOUS_CAPS})
     assert capped.identify({}) == capped.anonymous == Tenant(ANONYMOUS, **ANONYMOUS_CAPS)
     with pytest.raises(Unauthorized, match="no API key was sent") as refused:

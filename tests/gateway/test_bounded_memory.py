@@ -63,11 +63,18 @@ EXACT_VOCAB = "llama-spm"
 MiB = 1024 * 1024
 SCALE = 4  # the attacks and the limits they go against are a quarter of the issue's and of the defaults
 EXACT_COUNT_MAX_BYTES = 4 * MiB // SCALE
+MAX_TOKENIZING_BYTES = 8 * MiB // SCALE
 MAX_HELD_BODY_BYTES = 128 * MiB // SCALE
 RSS_PEAK_BOUND_MB = 1300 // SCALE
 RSS_AFTER_BOUND_MB = 250 // SCALE
 CHATS = 4  # concurrent chats of CHAT_BYTES: at full scale, 4 alone went over 2 GB before the bounds
 CHAT_BYTES = 20 * MiB // SCALE  # five times counting.exact_count_max_bytes
+UNDER_CHATS = 8  # concurrent chats just under exact_count_max_bytes, all counted exactly (issue 23)
+UNDER_CHAT_BYTES = EXACT_COUNT_MAX_BYTES * 39 // 40
+UNDER_PEAK_BOUND_MB = 1800 // SCALE
+"""Tokenized two at a time, they peak higher than chats that are only estimated: measured here +320-380 MB with the
+tokenizing budget, +605 MB and +394 MB after without it (full scale, before: +2.2 GB peak, +1.6 GB after); after the
+attack, with the heap given back, +30 MB."""
 BODIES = 12  # concurrent bodies of BODY_BYTES: over three times what max_held_body_bytes holds at once
 BODY_BYTES = 30 * MiB // SCALE
 NAMES = 400  # distinct model names: 25 times the bound on unlisted counter chains
@@ -143,6 +150,7 @@ async def kvgate(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Kvga
         config.write_text(
             f"[server]\nheld_body_wait_s = {HELD_BODY_WAIT_S}\nmax_held_body_bytes = {MAX_HELD_BODY_BYTES}\n"
             f'[counting]\ncache_dir = "{SESSION_CACHE_DIR}"\nexact_count_max_bytes = {EXACT_COUNT_MAX_BYTES}\n'
+            f"max_tokenizing_bytes = {MAX_TOKENIZING_BYTES}\n"
             f'[models."{EXACT_MODEL}"]\ngguf_path = "{vocab_path(EXACT_VOCAB)}"\n'
             f'[[backends]]\nname = "fake"\nkind = "ollama"\nurl = "{fake.url}"\n'
         )
@@ -204,7 +212,7 @@ async def _post(http: aiohttp.ClientSession, url: str, body: bytes) -> tuple[int
         return response.status, await response.read(), response.headers.get("Retry-After")
 
 
-async def _after_attack(kvgate: Kvgate, peak: PeakRss, what: str) -> None:
+async def _after_attack(kvgate: Kvgate, peak: PeakRss, what: str, peak_bound_mb: float = RSS_PEAK_BOUND_MB) -> None:
     """The peak stayed under the bound; once the attack is over, with kvgate serving ordinary requests again (bursts
     of small chats, still counted exactly, on new connections), RSS returns near the baseline; no traceback logged."""
     deadline = time.monotonic() + 5
@@ -215,7 +223,7 @@ async def _after_attack(kvgate: Kvgate, peak: PeakRss, what: str) -> None:
             if after_mb < kvgate.baseline_mb + RSS_AFTER_BOUND_MB or time.monotonic() > deadline:
                 break
     print(f"\nkvgate RSS: baseline {kvgate.baseline_mb:.0f} MB; {what}: peak {peak.mb:.0f} MB, after {after_mb:.0f} MB")
-    assert peak.mb < kvgate.baseline_mb + RSS_PEAK_BOUND_MB
+    assert peak.mb < kvgate.baseline_mb + peak_bound_mb
     assert after_mb < kvgate.baseline_mb + RSS_AFTER_BOUND_MB
     assert "Traceback" not in "".join(kvgate.log)
 
@@ -244,11 +252,32 @@ async def test_concurrent_chats_over_the_exact_count_bound_keep_rss_bounded(kvga
 
 @PROC
 @pytest.mark.asyncio(loop_scope="module")
+async def test_concurrent_chats_just_under_the_exact_count_bound_keep_rss_bounded(kvgate: Kvgate) -> None:
+    """Chats just under counting.exact_count_max_bytes are tokenized whole; counting.max_tokenizing_bytes lets two
+    be tokenized at a time, and the others are estimated (flagged) once their count budget runs out. Before that
+    budget, 8 x 3.9 MiB at full scale took RSS from 224 MB to 2.4 GB and kept 1.8 GB."""
+    chats = [json.dumps({"model": EXACT_MODEL, "stream": False,
+                         "messages": [{"role": "user", "content": _text(UNDER_CHAT_BYTES - 100, 10 + i)}]}).encode()
+             for i in range(UNDER_CHATS)]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+        async with PeakRss(kvgate.pid) as peak:
+            results = await asyncio.gather(*(_post(http, kvgate.url, body) for body in chats))
+        del chats
+        for status, body, _ in results:
+            assert status in (200, 503), (status, body[:200])
+    await _after_attack(kvgate, peak, f"{UNDER_CHATS} x {UNDER_CHAT_BYTES / MiB:.2f} MiB chats, answered "
+                        f"{sorted(status for status, _, _ in results)}", peak_bound_mb=UNDER_PEAK_BOUND_MB)
+
+
+@PROC
+@pytest.mark.asyncio(loop_scope="module")
 async def test_concurrent_bodies_over_the_held_body_budget_keep_rss_bounded(kvgate: Kvgate) -> None:
     """The body budget holds as many bodies at once as fit; the others wait held_body_wait_s, then get 503 with
     Retry-After. Every client sends half its body, then the rest once the overflow is answered: slow senders, so
     the bodies that got room are still held while the others wait (at full scale, 30 MiB in flight was slow
-    enough; 7.5 MiB is not)."""
+    enough; 7.5 MiB is not). Bytes are taken as they arrive (issue 23), so the first halves of more bodies fit
+    than whole ones; of those, a body that can't take its next chunk in time gives its bytes back, and at least as
+    many as fit whole are answered."""
     blob = (b'{"model": "' + EXACT_MODEL.encode() + b'", "stream": false, "messages": [{"role": "user", '
             b'"content": "' + b"x" * (BODY_BYTES - 200) + b'"}]}')
     fitting = MAX_HELD_BODY_BYTES // len(blob)
@@ -266,8 +295,8 @@ async def test_concurrent_bodies_over_the_held_body_budget_keep_rss_bounded(kvga
         async with http.post(f"{kvgate.url}/api/chat", data=slowly(), headers=headers) as response:
             answer = response.status, await response.read(), response.headers.get("Retry-After")
         answered += 1
-        if answered == BODIES - fitting:
-            rest.set()
+        if answered == 1:  # the first overflow: the others that found no room are answered within the wait
+            asyncio.get_running_loop().call_later(HELD_BODY_WAIT_S + 0.5, rest.set)
         return answer
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
@@ -278,7 +307,7 @@ async def test_concurrent_bodies_over_the_held_body_budget_keep_rss_bounded(kvga
         statuses = sorted(status for status, _, _ in results)
         # the bodies that got room: over exact_count_max_bytes, estimated; Ollama would cut them silently, so they
         # are cut head-and-tail to the context (announced) and answered
-        assert statuses == [200] * fitting + [503] * (BODIES - fitting), [(s, b[:200]) for s, b, _ in results]
+        assert set(statuses) == {200, 503} and statuses.count(200) >= fitting, [(s, b[:200]) for s, b, _ in results]
         for status, body, retry_after in results:
             if status == 503:
                 assert _is_ollama_error(body)

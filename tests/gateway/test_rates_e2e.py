@@ -4,13 +4,16 @@ count against the tenant's tokens per minute."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 
-from tests.support.fake_backend import FakeLLM, running
+from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
+from tests.support.poll import until
 
 TENANTS = {
     "slow": {"api_keys": ["slow-key-0123456789"], "requests_per_minute": 2},
@@ -75,3 +78,79 @@ async def test_a_counted_prompt_larger_than_a_minute_of_tokens_is_refused_for_go
     finally:
         await runner.cleanup()
     assert status == 400 and "more than tenant 'thin' may send in a minute" in body["error"]
+
+
+RATED = {"rated": {"api_keys": ["rated-key-0123456789"], "tokens_per_minute": 3000}}
+RATED_KEY = "rated-key-0123456789"
+
+
+async def test_output_is_charged_up_front_so_concurrent_requests_cant_outrun_the_rate() -> None:
+    """Issue 23, point 3b: ``tokens_per_minute = 3000`` and 12 concurrent chats asking for 1,000 output tokens each
+    (the simulated Ollama generates all 1,000). Before the fix each was charged its prompt alone: all 12 ran, 12,000
+    output tokens in under 2 s. Charged prompt + reserved output up front, at most 3,000 tokens' worth run."""
+    from kvsim.config import SimConfig
+    from kvsim.runner import start_sim
+
+    runner, sim = await start_sim(SimConfig(models=("llama3.1:8b",), load_s=0.01, num_parallel=4,
+                                            gen_tokens_per_s=20_000.0, min_response_tokens=1000,
+                                            max_response_tokens=1000))
+    chat = {"model": "llama3.1:8b", "stream": False, "options": {"num_predict": 1000},
+            "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        async with running_gateway([{"name": "sim", "url": sim}], tenants=RATED) as url, \
+                aiohttp.ClientSession() as http:
+            answers = await asyncio.gather(*(_post(http, url, "/api/chat", RATED_KEY, chat) for _ in range(12)))
+    finally:
+        await runner.cleanup()
+    served = [body.get("eval_count", 0) for status, _, body in answers if status == 200]
+    refused = [(headers.get("Retry-After"), body["error"]) for status, headers, body in answers if status == 429]
+    print(f"\n12 concurrent, max 1,000 output each, 3,000 tokens per minute: {len(served)} served, "
+          f"{sum(served):,} output tokens; {len(refused)} refused, e.g. {refused[:1]}")
+    assert len(served) + len(refused) == 12
+    assert sum(served) <= 3000  # before the fix: 12,000
+    assert len(served) == 2 and all(int(after or 0) >= 1 for after, _ in refused)
+    assert "the 1,000 output tokens it may generate" in refused[0][1]
+
+
+async def test_the_unused_part_of_the_reserved_output_is_refunded() -> None:
+    """Each answer uses 3 of the 1,000 output tokens it reserved: the rest comes back when its usage arrives, so 12
+    chats one after the other all pass a 3,000 tokens-per-minute rate (charged the reservation and kept, the
+    third would get a 429)."""
+    chat = {"model": "llama3.1:8b", "stream": False, "options": {"num_predict": 1000},
+            "messages": [{"role": "user", "content": "hi"}]}
+    async with running(FakeLLM()) as fake, running_gateway([{"name": "f", "url": fake.url}], tenants=RATED) as url, \
+            aiohttp.ClientSession() as http:
+        statuses = [(await _post(http, url, "/api/chat", RATED_KEY, chat))[0] for _ in range(12)]
+    assert statuses == [200] * 12
+
+
+@pytest.mark.parametrize("cut", ["backend", "client"])
+async def test_a_stream_cut_before_its_usage_is_charged_for_what_it_sent(cut: str) -> None:
+    """Issue 23, point 3b: a stream that ends before its last chunk (the backend broke off, or the client left)
+    carries no usage; before the fix it was charged nothing. Now it is charged one token per chunk it streamed (60
+    here), so the tenant's next request, which needs its prompt and 100 output tokens, finds too few left in a
+    150-token minute (before the fix: 200)."""
+    tenants = {"small": {"api_keys": ["small-key-0123456789"], "tokens_per_minute": 150}}
+    script = Script(chunks=100, disconnect_after_chunks=60 if cut == "backend" else None,
+                    hold_after_chunks=60 if cut == "client" else None)
+    stream = {"model": "llama3.1:8b", "stream": True, "options": {"num_predict": 100},
+              "messages": [{"role": "user", "content": "hi"}]}
+    async with running(FakeLLM(script)) as fake, \
+            running_gateway([{"name": "f", "url": fake.url}], tenants=tenants) as url, \
+            aiohttp.ClientSession() as http:
+        headers = {"Authorization": "Bearer small-key-0123456789"}
+        async with http.post(f"{url}/api/chat", json=stream, headers=headers) as response:
+            assert response.status == 200
+            lines = 0
+            while lines < 60:
+                lines += (await response.content.readline()).count(b"\n")
+            if cut == "client":
+                response.close()  # the client leaves before the last chunk; the backend goes on
+        if cut == "client":
+            script.release.set()
+            await until(lambda: fake.cancelled or fake.script.release.is_set())
+            await asyncio.sleep(0.2)  # kvgate's next write fails: the request ends there
+        status, _, body = await _post(http, url, "/api/chat", "small-key-0123456789",
+                                      {**stream, "stream": False})
+    print(f"\ncut by the {cut}: the next request got {status}: {body.get('error')}")
+    assert status == 429 and "150 tokens per minute" in body["error"]

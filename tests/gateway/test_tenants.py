@@ -216,3 +216,22 @@ async def test_without_tenant_keys_the_anonymous_caps_apply_and_keys_go_to_the_b
         long_chat = {**CHAT, "messages": [{"role": "user", "content": "word " * 100}]}
         status, body = await _post(f"{url}/api/chat", long_chat, {"Authorization": "Bearer sk-for-the-backend"})
         assert status == 400 and "tenant 'anonymous' allows 60" in body["error"]
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Basic dXNlcjpwdw=="}, {"Authorization": "Token ci-key-1"}],
+                         ids=["none", "basic", "token"])
+async def test_keyless_requests_get_the_tightest_tenant_caps_when_anonymous_has_none(
+    headers: dict[str, str],
+) -> None:
+    """Issue 23, point 3c: tenants have keys, keys are not required, and no ``[tenants.anonymous]``: a request with
+    no key or a non-bearer one runs with the tightest of the tenants' caps (ci's max_prompt_tokens 50), not uncapped
+    (before the fix: 200); the start-up line that says so: tests/admission/test_keyless.py, test_serve_process.py."""
+    async with running(FakeLLM()) as fake, running_gateway([{"name": "b", "url": fake.url}], tenants=TENANTS,
+                                                                **EXACT) as url:
+        long_chat = {**CHAT, "messages": [{"role": "user", "content": "word " * 100}]}
+        status, body = await _post(f"{url}/api/chat", long_chat, headers)
+        assert status == 400 and "tenant 'anonymous' allows 50; shorten it" in body["error"], body
+        status, _ = await _post(f"{url}/api/chat", long_chat, {"X-Api-Key": "team-key"})
+        assert status == 200
+        assert fake.requests_to("/api/chat") and all(
+            "ci-key-1" not in str(seen.headers) for seen in fake.seen)

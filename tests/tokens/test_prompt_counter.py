@@ -3,6 +3,7 @@ count budget that hands a slow first count to the background."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any, cast
 
@@ -105,3 +106,26 @@ async def test_an_embedding_counts_each_input_on_its_own() -> None:
     counted = await counter.count(embed, backend)
     assert len(counted.per_prompt) == 3 and counted.per_prompt[2] == 3
     assert counted.tokens == sum(counted.per_prompt)
+
+
+async def test_prompts_tokenized_at_once_stay_within_max_tokenizing_bytes() -> None:
+    """Eight chats counted at once (the issue-23 attack: 8 x 3.9 MiB, just under exact_count_max_bytes, took RSS
+    from 224 MB to 2.4 GB): at most max_tokenizing_bytes of them are tokenized at a time. With a long count budget
+    the rest wait their turn and are counted exactly; with a short one they are estimated, flagged."""
+    content = "word " * 20_000
+    size = len(content)
+    counter, backend = setup(max_tokenizing_bytes=2 * size + size // 2, count_budget_s=30.0)
+    await counter.count(chat(CONFIGURED), backend)  # its tokenizer is loaded
+    counts = await asyncio.gather(*(counter.count(chat(CONFIGURED, f"{i} {content}"), backend) for i in range(8)))
+    assert all(c.exact and c.counter != "estimate" for c in counts)
+    assert size * 2 <= counter.tokenizing.peak_bytes <= 2 * size + size // 2
+    assert counter.tokenizing.held_bytes == 0
+
+    counter, backend = setup(max_tokenizing_bytes=2 * size + size // 2, count_budget_s=0.001)
+    await counter.count(chat(CONFIGURED), backend, budget_s=30.0)  # loaded: the eight find it warm
+    counts = await asyncio.gather(*(counter.count(chat(CONFIGURED, f"{i} {content}"), backend) for i in range(8)))
+    estimated = [c for c in counts if c.counter == "estimate"]
+    print(f"\n8 chats of {size:,} bytes, budget {counter.tokenizing.limit_bytes:,}: "
+          f"{len(estimated)} estimated, peak {counter.tokenizing.peak_bytes:,} bytes")
+    assert estimated and all(not c.exact for c in estimated)
+    assert counter.tokenizing.peak_bytes <= 2 * size + size // 2
