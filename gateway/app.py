@@ -14,7 +14,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import SecretStr
 
-from gateway import dialects, targets
+from gateway import targets
 from gateway.admission import Ledger, WaitingRoom
 from gateway.admission.admit import Admitter
 from gateway.admission.gpu_ledger import GpuBoard, LoadReservations
@@ -27,10 +27,11 @@ from gateway.api import kvgate as kvgate_api
 from gateway.backends import BackendRegistry
 from gateway.backends.probes import BackendProbes
 from gateway.config import ServerSettings, Settings
-from gateway.domain import Dialect, Operation
+from gateway.domain import Operation
 from gateway.edge_limits import ClientLimits
 from gateway.edge_refusals import refuse_over_peer_limit
-from gateway.errors import AdminOnly, GatewayError
+from gateway.error_boundary import error_boundary, error_response
+from gateway.errors import AdminOnly
 from gateway.expect import expect_continue
 from gateway.fitting.summaries import Summaries
 from gateway.fitting.summarizer import InternalCalls, Summarizer
@@ -40,7 +41,7 @@ from gateway.observability.gpus import gpu_rows, refresh_gpus
 from gateway.observability.metrics import CONTENT_TYPE, Metrics
 from gateway.observability.shared_ledger import SharedLedgerCollector, shared_status
 from gateway.proxy import Proxy
-from gateway.reload import LiveSettings, Reloader, ReloadRefused, SettingsSource
+from gateway.reload import LiveSettings, Reloader, SettingsSource
 from gateway.routes import FALLBACK, ROUTES, Route
 from gateway.serving import CONNECTIONS, ConnectionCollector, Connections, GuardedRunner
 from gateway.single_flight import SingleFlight
@@ -101,6 +102,7 @@ def create_app(
     """Build the gateway. Every seam a test needs is a parameter. ``settings_source`` re-reads the configuration
     for a reload (``POST /kvgate/reload``; ``kvgate serve`` also on SIGHUP); without one, a reload is refused."""
     app = web.Application(client_max_size=int(settings.server.max_body_bytes) + 1)
+    app.middlewares.append(error_boundary)  # every GatewayError a handler raises, in its route's dialect
     app.middlewares.append(refuse_over_peer_limit)  # a connection past server.max_connections_per_peer: 429
     app.middlewares.append(targets.reject_odd_targets)  # absolute-form and other odd targets: 400, never forwarded
     app[SETTINGS] = settings
@@ -203,11 +205,7 @@ def _for_tenants(handler: Handler) -> Handler:
     """kvgate's own client routes take the same API keys as the proxied ones."""
 
     async def checked(request: web.Request) -> web.Response:
-        try:
-            request.app[LIVE].tenants.identify(request.headers)
-        except GatewayError as exc:
-            return web.Response(status=exc.status, body=dialects.error_body(Dialect.OPENAI, exc),
-                                content_type="application/json")
+        request.app[LIVE].tenants.identify(request.headers)  # a key no tenant has: 401 (error_boundary)
         return await handler(request)
 
     return checked
@@ -225,13 +223,9 @@ def admin_allowed(request: web.Request, admin_key: SecretStr | None) -> bool:
     return hmac.compare_digest(given, admin_key.get_secret_value().encode())
 
 
-def _forbidden() -> web.Response:
-    return web.json_response(
-        {"error": {"message": "this kvgate route needs the admin key (server.admin_key) as a Bearer token, or a "
-                              "loopback client when none is set", "type": "permission_error", "param": None,
-                   "code": "admin_only"}},
-        status=403,
-    )
+def _forbidden() -> AdminOnly:
+    return AdminOnly("this kvgate route needs the admin key (server.admin_key) as a Bearer token, or a loopback "
+                     "client when none is set")
 
 
 def _admin_key(request: web.Request) -> SecretStr | None:
@@ -241,14 +235,14 @@ def _admin_key(request: web.Request) -> SecretStr | None:
 
 async def _metrics(request: web.Request) -> web.Response:
     if not admin_allowed(request, _admin_key(request)):
-        return _forbidden()
+        raise _forbidden()
     body = request.app[METRICS].exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def _status(request: web.Request) -> web.Response:
     if not admin_allowed(request, _admin_key(request)):
-        return _forbidden()
+        raise _forbidden()
     app = request.app
     pools = app[POOLS]
     notes: dict[str, list[str]] = {}
@@ -284,7 +278,7 @@ async def _status(request: web.Request) -> web.Response:
 async def _tenants(request: web.Request) -> web.Response:
     """Usage per tenant (admin, like ``/kvgate/status``); no I/O."""
     if not admin_allowed(request, _admin_key(request)):
-        return _forbidden()
+        raise _forbidden()
     app = request.app
     return web.json_response(kvgate_api.tenants_snapshot(app[METRICS].tenant_usage, app[LIVE].settings.tenants,
                                                          app[ADMITTER].room))
@@ -294,12 +288,9 @@ async def _reload(request: web.Request) -> web.Response:
     """Re-read the configuration (admin; gateway/reload.py): 200 with the settings changed and those that need a
     restart, by name; 400 ``invalid_config`` naming the setting, with nothing changed."""
     if not admin_allowed(request, _admin_key(request)):
-        return _forbidden()
-    try:  # shielded: a client that leaves mid-reload does not cut it in two
-        report = await asyncio.shield(request.app[RELOADER].reload("POST /kvgate/reload"))
-    except ReloadRefused as exc:
-        return web.json_response({"error": {"message": exc.message, "type": "invalid_request_error",
-                                            "code": "invalid_config", "param": exc.param}}, status=400)
+        raise _forbidden()
+    # shielded: a client that leaves mid-reload does not cut it in two; ReloadRefused is a 400 invalid_config
+    report = await asyncio.shield(request.app[RELOADER].reload("POST /kvgate/reload"))
     return web.json_response({"reloaded": True, "changed": list(report.changed),
                               "needs_restart": list(report.needs_restart)})
 
@@ -337,8 +328,7 @@ def _admin_only(handler: ProxiedHandler, route: Route) -> ProxiedHandler:
                 f"{what}; with no server.admin_key set, only clients on kvgate's own machine may")
             log.warning("refused %s %s from %s: model management needs the admin key", request.method, route.path,
                         request.remote)
-            return web.Response(status=error.status, body=dialects.error_body(route.dialect, error),
-                                content_type="application/json")
+            return error_response(error, route.dialect)
         if admin_key is not None:
             headers = request.headers.copy()
             headers.popall("Authorization", None)

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway import dialects
+from gateway.error_boundary import error_response
 from gateway.errors import RateLimited
 from gateway.targets import route_dialect
 
@@ -19,8 +19,6 @@ async def refuse_over_peer_limit(
     why = getattr(request.protocol, "over_peer_limit", None)
     if not isinstance(why, str):
         return await handler(request)
-    error = RateLimited(why, retry_after_s=1.0)
-    response = web.Response(status=error.status, body=dialects.error_body(route_dialect(request), error),
-                            content_type="application/json", headers={"Retry-After": "1"})
+    response = error_response(RateLimited(why, retry_after_s=1.0), route_dialect(request))
     response.force_close()
     return response

@@ -2,15 +2,19 @@
 
     GatewayError                 base; never raised itself
     ├── BadRequest               400  the client sent something the gateway can't accept
-    │   └── InvalidField         400  a JSON field is missing or has the wrong type
+    │   ├── InvalidField         400  a JSON field is missing or has the wrong type
+    │   └── InvalidConfig        400  a configuration (a reload) kvgate can't apply; names the setting
     ├── Unauthorized             401  a key no tenant has (once tenants have keys), or none when keys are required
     ├── ModelNotFound            404  no backend serves the model the request names
-    ├── AdminOnly                403  a model-management route without the admin key
+    ├── NotFound                 404  no such route
+    ├── MethodNotAllowed         405  the route exists, not for this method
+    ├── AdminOnly                403  an operator or model-management route without the admin key
     ├── RequestTimeout           408  the request body did not arrive within ``server.body_timeout_s``
     ├── PayloadTooLarge          413  the body is over ``server.max_body_bytes``
     ├── UnsupportedMediaType     415  the body has a Content-Encoding kvgate does not decode
     ├── ExpectationFailed        417  an ``Expect`` header other than ``100-continue``
     ├── ServerBusy               503  kvgate holds all the request-body bytes it may (with Retry-After)
+    │   └── ConnectionsExhausted 503  at server.max_connections, or out of file descriptors: before any request
     ├── BackendNotReady          503  the backend's KV pool can't be learned right now (with Retry-After)
     ├── RateLimited              429  a tenant over its tokens or requests per minute (with Retry-After)
     ├── LoadRefused              503  a model load would overrun GPU memory and waiting won't help (Retry-After)
@@ -21,7 +25,9 @@
 
 Third-party exceptions (aiohttp, orjson, asyncio) from calls to backends are translated into this tree at one
 place, ``gateway.backends.client`` (its BackendCallError classes are BackendUnavailable or BackendTimeout), and
-rendered in the dialect of the request by ``gateway.dialects``.
+rendered in the dialect of the request by ``gateway.dialects``, at one boundary: ``gateway.error_boundary`` (a
+middleware for every handler, and ``error_response`` for the proxy and the edge's own refusals). ``param`` names what
+the error is about (a field, a setting), where there is one.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ class GatewayError(Exception):
     code: str = "internal_error"
     retry_after_s: float | None = None
     """Sent as ``Retry-After`` when set: when it makes sense to try again."""
+    param: str | None = None
+    """The field or setting the error is about, where there is one (OpenAI's ``param``)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -55,6 +63,32 @@ class InvalidField(BadRequest):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+        self.param = field
+
+
+class InvalidConfig(BadRequest):
+    """Raised when a configuration can't be applied (a reload); ``param`` names the first setting at fault (a dotted
+    name like ``tenants.ci.max_active``, ``--config`` for the file itself, None when settings disagree)."""
+
+    code = "invalid_config"
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class NotFound(GatewayError):
+    """Raised for a path no route serves."""
+
+    status = 404
+    code = "not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    """Raised for a route asked with a method it does not take."""
+
+    status = 405
+    code = "method_not_allowed"
 
 
 class Unauthorized(GatewayError):
@@ -87,6 +121,17 @@ class ServerBusy(GatewayError):
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class ConnectionsExhausted(ServerBusy):
+    """A connection kvgate can't serve: at ``server.max_connections`` with none to close, or within the descriptor
+    reserve of RLIMIT_NOFILE. Answered before any request is read (``gateway.serving``), so in no route's dialect:
+    Ollama's ``{"error": "..."}``, which the OpenAI clients read as the message too."""
+
+    code = "connections_exhausted"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retry_after_s=1.0)
 
 
 class ModelNotFound(GatewayError):

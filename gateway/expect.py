@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aiohttp import HttpVersion11, hdrs, web
 
-from gateway import dialects
+from gateway.error_boundary import error_response
 from gateway.errors import ExpectationFailed
 from gateway.targets import route_dialect
 from gateway.text import safe_text
@@ -36,6 +36,4 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0
         return None
-    error = ExpectationFailed(problem)
-    return web.Response(status=error.status, body=dialects.error_body(route_dialect(request), error),
-                        content_type="application/json", headers={"Connection": "close"})
+    return error_response(ExpectationFailed(problem), route_dialect(request), headers={"Connection": "close"})

@@ -120,8 +120,8 @@ def request_id_for(headers: Mapping[str, str]) -> str:
     return uuid.uuid4().hex
 
 
-def error_headers(error: GatewayError, request_id: str) -> dict[str, str]:
-    headers = {REQUEST_ID: request_id}
+def error_headers(error: GatewayError, request_id: str | None = None) -> dict[str, str]:
+    headers = {} if request_id is None else {REQUEST_ID: request_id}
     if error.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
     return headers

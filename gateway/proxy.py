@@ -52,6 +52,7 @@ from gateway.body.json_bound import decode_bounded
 from gateway.body.reader import read_body
 from gateway.config import Settings
 from gateway.domain import BackendKind, Dialect, Operation, ParsedRequest
+from gateway.error_boundary import error_response
 from gateway.errors import (
     BackendNotReady,
     BackendTimeout,
@@ -64,7 +65,7 @@ from gateway.errors import (
 from gateway.fitting.policy import FitPolicy, policy_for
 from gateway.fitting.summarizer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, InternalCalls
 from gateway.gpu_oom import held_unless_oom
-from gateway.headers import error_headers, request_deadline, request_id_for, upstream_request_headers
+from gateway.headers import request_deadline, request_id_for, upstream_request_headers
 from gateway.listing import merged_listing
 from gateway.load_requests import is_load_request, keep_alive_of, serve_load_request
 from gateway.notice import Notice, reply_notice
@@ -214,12 +215,7 @@ class Proxy:
     def _error_response(self, dialect: Dialect, error: GatewayError, request_id: str) -> web.Response:
         if error.status >= 500:
             log.warning("%s", error.message)
-        return web.Response(
-            status=error.status,
-            body=dialects.error_body(dialect, error),
-            content_type="application/json",
-            headers=error_headers(error, request_id),
-        )
+        return error_response(error, dialect, request_id=request_id)
 
     async def _dispatch(
         self, request: web.Request, route: Route, dialect: Dialect, request_id: str, tenant: Tenant,

@@ -57,6 +57,7 @@ from pydantic import BaseModel
 
 from gateway.admission.tenants import TenantDirectory
 from gateway.config import ConfigError, Settings
+from gateway.errors import InvalidConfig
 from gateway.reload_guard import ALLOW_SETTING, refusal_message, security_drops
 
 log = logging.getLogger("gateway.reload")
@@ -75,15 +76,11 @@ _SETTING = re.compile(r"setting '([^']+)'")
 """How a ``ConfigError`` message names the setting (``config._describe`` and ``load_settings``)."""
 
 
-class ReloadRefused(Exception):
+class ReloadRefused(InvalidConfig):
     """Raised when the configuration can't be re-read or is invalid; nothing was changed. ``param``: the first
     setting named (a dotted name like ``tenants.ci.max_active``, or ``--config`` for the file itself; None for
-    settings that are each valid but disagree, which the message names)."""
-
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
+    settings that are each valid but disagree, which the message names). ``POST /kvgate/reload`` answers it as 400
+    ``invalid_config`` (gateway.error_boundary)."""
 
     @classmethod
     def from_config_error(cls, error: ConfigError) -> ReloadRefused:

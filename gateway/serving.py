@@ -47,8 +47,10 @@ from aiohttp.web_protocol import RequestHandler
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway import dialects
+from gateway.domain import Dialect
 from gateway.edge_limits import FD_RESERVE, ClientLimits, body_too_slow, near_fd_limit, slowest
-from gateway.errors import RequestTimeout
+from gateway.errors import ConnectionsExhausted, RequestTimeout
 from gateway.routes import ROUTES, Handling
 
 log = logging.getLogger(__name__)
@@ -63,17 +65,17 @@ RATE_CHECK_S = 1.0
 WHOLE_BODY_PATHS = frozenset({*(r.path for r in ROUTES if r.handling is Handling.PARSED), "/kvgate/count"})
 """Paths whose body kvgate reads whole before acting; the rest stream their body through."""
 
-_OVER_CAP_BODY = b'{"error": "kvgate has too many open connections (server.max_connections); try again in a second"}'
-_NO_FDS_BODY = b'{"error": "kvgate is out of file descriptors (RLIMIT_NOFILE); try again in a second"}'
-
-
-def _raw_503(body: bytes) -> bytes:
+def _raw_503(error: ConnectionsExhausted) -> bytes:
+    """The whole response, written to the transport before any request is read (no route, so no dialect: Ollama's
+    shape, which the OpenAI clients read too)."""
+    body = dialects.error_body(Dialect.OLLAMA, error)
     return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
 
 
-_OVER_CAP = _raw_503(_OVER_CAP_BODY)
-_NO_FDS = _raw_503(_NO_FDS_BODY)
+_OVER_CAP = _raw_503(ConnectionsExhausted(
+    "kvgate has too many open connections (server.max_connections); try again in a second"))
+_NO_FDS = _raw_503(ConnectionsExhausted("kvgate is out of file descriptors (RLIMIT_NOFILE); try again in a second"))
 
 
 class Connections:

@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway import dialects
 from gateway.domain import Dialect
 from gateway.errors import BadRequest
 from gateway.observability.logs import sanitize
@@ -42,7 +41,7 @@ def route_dialect(request: web.Request) -> Dialect:
     canonical = resource.canonical if resource is not None else ""
     if canonical.startswith("/kvgate/"):
         return Dialect.OPENAI
-    return _ROUTE_DIALECTS.get(canonical) or fallback_dialect(request.path)
+    return _ROUTE_DIALECTS.get(canonical) or fallback_dialect(request.path or request.raw_path)  # CONNECT: no path
 
 
 @web.middleware
@@ -54,6 +53,4 @@ async def reject_odd_targets(
     if problem is None:
         return await handler(request)
     log.warning("refused request target %s: %s", sanitize(request.raw_path), problem)
-    error = BadRequest(problem)
-    return web.Response(status=error.status, body=dialects.error_body(route_dialect(request), error),
-                        content_type="application/json")
+    raise BadRequest(problem)  # rendered in the route's dialect by gateway.error_boundary, the outer middleware

@@ -22,8 +22,8 @@ from gateway.backends.probes import BackendProbes, local_profile
 from gateway.body.budget import BodyBudget
 from gateway.body.json_bound import decode_bounded
 from gateway.body.reader import read_body
-from gateway.domain import BackendKind, Dialect
-from gateway.errors import BackendUnavailable, BadRequest, GatewayError
+from gateway.domain import BackendKind
+from gateway.errors import BackendUnavailable, BadRequest
 from gateway.memory.estimate import estimate, parse_fit_params, ram_check
 from gateway.memory.host_ram import read_host_ram
 from gateway.memory.load_cost import Calibration
@@ -53,22 +53,14 @@ CountDeps = Callable[[web.Request], tuple[BackendRegistry, PromptCounter, BodyBu
 COUNTABLE_ROUTES = {route.path: route for route in ROUTES if route.operation in COUNTED_OPERATIONS}
 
 
-def _error(error: GatewayError) -> web.Response:
-    return web.Response(status=error.status, body=dialects.error_body(Dialect.OPENAI, error),
-                        content_type="application/json")
-
-
 async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "version": __version__})
 
 
 def fit_handler(deps: Deps) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def fit(request: web.Request) -> web.Response:
+    async def fit(request: web.Request) -> web.Response:  # a GatewayError: rendered by gateway.error_boundary
         registry, probes = deps(request)
-        try:
-            return await _fit(request, registry, probes)
-        except GatewayError as exc:
-            return _error(exc)
+        return await _fit(request, registry, probes)
 
     return fit
 
@@ -187,9 +179,7 @@ def count_handler(
             parsed = dialects.parse(route.dialect, route.operation, body, route.path)
             backend = await registry.resolve(parsed.model, route.kind)
             result = await counter.count(parsed, backend)
-        except GatewayError as exc:
-            return _error(exc)
-        finally:
+        finally:  # a GatewayError: rendered by gateway.error_boundary
             lease.release()
         return web.json_response({
             "model": parsed.model, "backend": backend.name, "route": path,

@@ -13,7 +13,7 @@ import orjson
 
 from gateway.dialects import fields, responses
 from gateway.domain import Dialect, FieldPath, Operation, OutputLimit, ParsedRequest, Prompt
-from gateway.errors import GatewayError, InvalidField
+from gateway.errors import GatewayError
 
 _CHAT_LIMITS: tuple[FieldPath, ...] = (("n_predict",), ("max_completion_tokens",), ("max_tokens",))
 """Chat and completions limits: llama-server reads all three (n_predict first); Ollama's /v1 only max_tokens."""
@@ -81,14 +81,15 @@ def _error_type(status: int) -> str:
         return "not_found_error"
     if status == 401:
         return "authentication_error"
+    if status == 403:
+        return "permission_error"
     if 400 <= status < 500:
         return "invalid_request_error"
     return "api_error"
 
 
 def error_object(error: GatewayError) -> dict[str, Any]:
-    param = error.field if isinstance(error, InvalidField) else None
-    return {"message": error.message, "type": _error_type(error.status), "param": param, "code": error.code}
+    return {"message": error.message, "type": _error_type(error.status), "param": error.param, "code": error.code}
 
 
 def error_body(error: GatewayError) -> bytes:
