@@ -409,7 +409,7 @@ class PoolDirectory:
         return self._probes.load_times.expected_s(backend.name, model)
 
     def offload_for(self, pool: PoolSpec) -> str | None:
-        """What of the pool's model runs on the CPU, for X-Kvgate-Offload (load_offload.Offloads)."""
+        """What of the pool's model runs on the CPU, for X-Kvgate-Offload (loads/offload.py: Offloads)."""
         if pool.backend_kind is not BackendKind.OLLAMA:
             return None
         return self._offloaded.said(pool.backend, pool.model, self._probes.on_cpu(pool.backend, pool.model))

@@ -1,4 +1,4 @@
-"""Load admission and the residency manager, live: the I/O around ``load_plan.decide_load``.
+"""Load admission and the residency manager, live: the I/O around ``plan.decide_load``.
 
 An Ollama model that is not resident is loaded by kvgate itself (the pool directory's load, before the first request
 that needs it is planned). On a backend with a ``vram`` source, ``LoadGate.load`` first decides whether the load may
