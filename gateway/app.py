@@ -17,9 +17,7 @@ from pydantic import SecretStr
 from gateway import targets
 from gateway.admission import Ledger, WaitingRoom
 from gateway.admission.admit import Admitter
-from gateway.admission.gpu_ledger import GpuBoard, LoadReservations
 from gateway.admission.keyless import keyless_caps_line
-from gateway.admission.loads import LoadGate
 from gateway.admission.pools import PoolDirectory, unadmitted_reason
 from gateway.admission.shared.pools import SharedPools, shared_pools
 from gateway.admission.shared.rates import TenantRates
@@ -35,6 +33,8 @@ from gateway.errors import AdminOnly
 from gateway.expect import expect_continue
 from gateway.fitting.summaries import Summaries
 from gateway.fitting.summarizer import InternalCalls, Summarizer
+from gateway.loads.gate import LoadGate
+from gateway.loads.gpu_ledger import GpuBoard, LoadReservations
 from gateway.memory.vram import VramSource
 from gateway.observability import status_page
 from gateway.observability.gpus import gpu_rows, refresh_gpus

@@ -1,5 +1,5 @@
 """Load admission and residency settings (``[residency]``): how kvgate loads models on an Ollama backend with a
-``vram`` source, and which stay resident (gateway/admission/loads.py, load_plan.py)."""
+``vram`` source, and which stay resident (gateway/loads/gate.py, plan.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ClientKeepAlive = Literal["strip", "refuse", "allow"]
 
 
 class ResidencyConfig(_Strict):
-    """Load admission on Ollama backends with a ``vram`` source (gateway/admission/loads.py): a model loads only when
+    """Load admission on Ollama backends with a ``vram`` source (gateway/loads/gate.py): a model loads only when
     it fits the GPU, idle models are unloaded to make room, least recently used first."""
 
     enabled: bool = True

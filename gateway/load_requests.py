@@ -8,8 +8,9 @@ or make Ollama reload a model at another context. Now:
                       unloads and lowered context, or 503 ``gpu_memory_exhausted`` with Retry-After), then the
                       request is forwarded with ``options.num_ctx`` pinned to the loaded context (the backend
                       answers at once, nothing reloads), the model held resident while it runs
-    unload request    (``keep_alive`` 0, which only the admin's request still carries: keep_alive.py) forwarded under
-                      the backend's load lock, so it never lands in the middle of kvgate's own decision and load
+    unload request    (``keep_alive`` 0, which only the admin's request still carries: loads/keep_alive.py)
+                      forwarded under the backend's load lock, so it never lands in the middle of kvgate's own
+                      decision and load
 
 Without admission, or on a backend with no pool to read, it is forwarded as before.
 """
@@ -22,17 +23,17 @@ from aiohttp import web
 
 from gateway import dialects
 from gateway.admission.admit import Admitter
-from gateway.admission.keep_alive import HEADER, carries_admin_key, client_keep_alive, unloads
 from gateway.admission.types import Rewrites
 from gateway.backends import Backend
 from gateway.config import Settings
 from gateway.domain import KV_OPERATIONS, BackendKind, Dialect, ParsedRequest
 from gateway.fitting.rewrite import apply_rewrites, encode_body
+from gateway.loads.keep_alive import HEADER, carries_admin_key, client_keep_alive, unloads
 
 
 def keep_alive_of(headers: Mapping[str, str], path: str, raw: bytes, parsed: ParsedRequest, settings: Settings,
                   ) -> tuple[bytes, ParsedRequest, dict[str, str]]:  # fmt: skip
-    """A client's keep_alive 0 or negative, the admin's only (admission/keep_alive.py): the body to forward, as
+    """A client's keep_alive 0 or negative, the admin's only (loads/keep_alive.py): the body to forward, as
     parsed, and the header that says what was done."""
     if parsed.dialect is not Dialect.OLLAMA or "keep_alive" not in parsed.body:
         return raw, parsed, {}

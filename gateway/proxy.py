@@ -36,8 +36,6 @@ from gateway import dialects
 from gateway.admission import AdmissionRejected
 from gateway.admission.admit import Admitter
 from gateway.admission.charging import reserved_output, settle_rate, take_rate
-from gateway.admission.keep_alive import carries_admin_key
-from gateway.admission.load_oom import GpuOutOfMemory, oom_refusal, room_after_oom
 from gateway.admission.outcome import AdmissionOutcome, response_headers
 from gateway.admission.rate_charge import RateCharge
 from gateway.admission.rates import RateLimit
@@ -64,10 +62,12 @@ from gateway.errors import (
 )
 from gateway.fitting.policy import FitPolicy, policy_for
 from gateway.fitting.summarizer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, InternalCalls
-from gateway.gpu_oom import held_unless_oom
 from gateway.headers import request_deadline, request_id_for, upstream_request_headers
 from gateway.listing import merged_listing
 from gateway.load_requests import is_load_request, keep_alive_of, serve_load_request
+from gateway.loads.keep_alive import carries_admin_key
+from gateway.loads.oom import GpuOutOfMemory, oom_refusal, room_after_oom
+from gateway.loads.oom_catch import held_unless_oom
 from gateway.notice import Notice, reply_notice
 from gateway.observability.logs import ClientText, request_id_var
 from gateway.observability.metrics import Metrics, record
@@ -285,7 +285,7 @@ class Proxy:
     ) -> web.StreamResponse:
         """Admit the request on ``backend``'s pool and forward it; raises BackendFailed when the backend failed
         before anything was sent to the client (its permit released: another backend may take the request), and
-        GpuOutOfMemory when it ran out of GPU memory (``retried``: then it is a 503, load_oom.py)."""
+        GpuOutOfMemory when it ran out of GPU memory (``retried``: then it is a 503, loads/oom.py)."""
         model = await self._registry.target_model(backend, parsed.model)
         if not reserves_kv(backend.kind, parsed.operation):  # an embedding on Ollama: its model's load is gated
             return await self._serve_unreserved(request, raw, dialect, request_id, tenant, trace, backend, model,

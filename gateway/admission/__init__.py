@@ -3,6 +3,12 @@
 plan(cost, pool, snapshot, policy) -> Admit | Wait | Reject      pure (planner.py)
 Ledger: reserve / release / snapshot per (backend, model)        bookkeeping (ledger.py)
 WaitingRoom: admit / acquire / release / stats                   the only async part (waiting_room.py)
+
+Around them: the admitter (admit.py: plan, fit, reserve or wait; one AdmissionOutcome, outcome.py), the pool
+directory (pools.py, pool_slots.py), tenants, keyless caps, rates and charging, fair and queue shares, the shared
+ledger across replicas (shared/). The load level (whether a model may load on the GPU at all) is ``gateway.loads``;
+the dependency goes one way: the admitter and the pool directory call the load gate, which reads this level only
+through ``WaitingRoom.active_sequences``.
 """
 
 from gateway.admission.errors import AdmissionRejected

@@ -16,8 +16,6 @@ from typing import Any
 
 from gateway import dialects
 from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, Rewrites, WaitingRoom
-from gateway.admission.load_preview import LoadPreview
-from gateway.admission.loads import Claim, LoadGate
 from gateway.admission.outcome import AdmissionOutcome, Admitted, Reserved, SummaryNote, Trim
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
 from gateway.admission.pools import PoolDirectory
@@ -34,6 +32,8 @@ from gateway.fitting.policy import FitPolicy
 from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.fitting.summaries import Summaries
 from gateway.fitting.summarize import SummaryFailed
+from gateway.loads.gate import Claim, LoadGate
+from gateway.loads.preview import LoadPreview
 from gateway.tokens import TokenCount
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ class Admitter:
 
     def gates_loads(self, backend: Backend) -> bool:
         """Whether kvgate admits the loads of ``backend`` (an out-of-memory after it did is then kvgate's to
-        answer, load_oom.py; with residency off, the backend's own answer comes back)."""
+        answer, loads/oom.py; with residency off, the backend's own answer comes back)."""
         return self._loads is not None and self._loads.applies(backend)
 
     def load_lock(self, backend: Backend) -> contextlib.AbstractAsyncContextManager[object]:

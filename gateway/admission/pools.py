@@ -40,8 +40,6 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 from gateway.admission import PoolSpec
-from gateway.admission.load_offload import Offloads
-from gateway.admission.loads import Loaded, LoadGate, Lowered, lowered_of
 from gateway.admission.pool_slots import SlotBook, read_slots
 from gateway.backends import Backend
 from gateway.backends.down import down_error
@@ -50,6 +48,8 @@ from gateway.backends.probes import BackendProbes
 from gateway.config import Settings
 from gateway.domain import BackendKind
 from gateway.errors import BackendNotReady
+from gateway.loads.gate import Loaded, LoadGate, Lowered, lowered_of
+from gateway.loads.offload import Offloads
 from gateway.memory.estimate import estimate
 from gateway.memory.kv import CTX_PAD_TOKENS
 from gateway.memory.sources.ollama import LoadedModel
@@ -409,7 +409,7 @@ class PoolDirectory:
         return self._probes.load_times.expected_s(backend.name, model)
 
     def offload_for(self, pool: PoolSpec) -> str | None:
-        """What of the pool's model runs on the CPU, for X-Kvgate-Offload (load_offload.Offloads)."""
+        """What of the pool's model runs on the CPU, for X-Kvgate-Offload (loads/offload.py: Offloads)."""
         if pool.backend_kind is not BackendKind.OLLAMA:
             return None
         return self._offloaded.said(pool.backend, pool.model, self._probes.on_cpu(pool.backend, pool.model))

@@ -119,6 +119,10 @@ class WaitingRoom:
     def ledger(self) -> Ledger:
         return self._ledger
 
+    def active_sequences(self, backend: str, model: str) -> int:
+        """kvgate's sequences active on (backend, model): what the load level (loads/gate.py) reads of this one."""
+        return self._ledger.snapshot(PoolKey(backend, model)).active_sequences
+
     async def acquire(
         self,
         key: PoolKey | tuple[str, str],

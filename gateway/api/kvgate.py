@@ -24,17 +24,17 @@ from gateway.body.json_bound import decode_bounded
 from gateway.body.reader import read_body
 from gateway.domain import BackendKind
 from gateway.errors import BackendUnavailable, BadRequest
-from gateway.memory.estimate import estimate, parse_fit_params, ram_check
-from gateway.memory.host_ram import read_host_ram
-from gateway.memory.load_cost import Calibration
-from gateway.memory.profile import ModelProfile
-from gateway.memory.residency import (
+from gateway.loads.residency import (
     calibration_for,
     plan_unload,
     residency,
     residency_json,
     residency_warnings,
 )
+from gateway.memory.estimate import estimate, parse_fit_params, ram_check
+from gateway.memory.host_ram import read_host_ram
+from gateway.memory.load_cost import Calibration
+from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import VramReading, VramUnavailable
 from gateway.observability.outcomes import OutcomeTally

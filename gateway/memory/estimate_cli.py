@@ -21,13 +21,7 @@ import orjson
 from gateway.backends.client import BackendClient
 from gateway.backends.prober import LlamaServerProber, OllamaProber, ProbeError, detect_backend
 from gateway.domain import BackendKind
-from gateway.memory.estimate import Estimate, RamCheck, estimate, ram_check
-from gateway.memory.host_ram import read_host_ram
-from gateway.memory.kv import ALLOWED_CACHE_TYPES, CacheType, ShapeError, parse_cache_type
-from gateway.memory.presets import find_preset, preset_names, preset_profile
-from gateway.memory.profile import ModelProfile
-from gateway.memory.render import format_bytes, render_table
-from gateway.memory.residency import (
+from gateway.loads.residency import (
     Residency,
     calibration_for,
     plan_unload,
@@ -36,6 +30,12 @@ from gateway.memory.residency import (
     residency_lines,
     residency_warnings,
 )
+from gateway.memory.estimate import Estimate, RamCheck, estimate, ram_check
+from gateway.memory.host_ram import read_host_ram
+from gateway.memory.kv import ALLOWED_CACHE_TYPES, CacheType, ShapeError, parse_cache_type
+from gateway.memory.presets import find_preset, preset_names, preset_profile
+from gateway.memory.profile import ModelProfile
+from gateway.memory.render import format_bytes, render_table
 from gateway.memory.sources.gguf import profile_from_gguf
 from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import StaticVramSource, VramReading, VramUnavailable, parse_size

@@ -2,7 +2,7 @@
 
 ``refresh_gpus`` reads every backend that has a ``vram`` source (cached readings, ``vram_refresh_s``) and its
 resident models, and keeps the budgets in a ``GpuBoard``; it never raises, a backend it cannot read gets its reason.
-What a budget holds and how it is read: ``gateway.admission.gpu_reading``.
+What a budget holds and how it is read: ``gateway.loads.gpu_reading``.
 ``gpu_rows`` renders the board for ``/kvgate/status``; the metrics read the same board.
 """
 
@@ -13,11 +13,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.admission.gpu_ledger import GpuBoard, GpuBudget, GpuEntry, LoadReservations
-from gateway.admission.gpu_reading import read_gpu_entry
-from gateway.admission.loads import LoadCounts
 from gateway.backends import BackendRegistry
 from gateway.backends.probes import BackendProbes
+from gateway.loads.gate import LoadCounts
+from gateway.loads.gpu_ledger import GpuBoard, GpuBudget, GpuEntry, LoadReservations
+from gateway.loads.gpu_reading import read_gpu_entry
 from gateway.text import safe_text
 
 

@@ -58,11 +58,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.admission import PoolKey, PoolSpec, WaitingRoom
-from gateway.admission.gpu_ledger import GpuBoard
-from gateway.admission.loads import LoadCounts
 from gateway.admission.outcome import AdmissionOutcome
 from gateway.fitting.summaries import Summaries
 from gateway.fitting.summarize import SUMMARY_FAILURES
+from gateway.loads.gate import LoadCounts
+from gateway.loads.gpu_ledger import GpuBoard
 from gateway.observability.decisions import DecisionLog
 from gateway.observability.outcomes import QUEUE_REASONS, OutcomeTally, request_decisions
 from gateway.observability.prompts_seen import LongestPrompts

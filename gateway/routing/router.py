@@ -27,12 +27,12 @@ from prometheus_client.registry import Collector
 
 from gateway.admission import PoolSpec
 from gateway.admission.admit import Admitter
-from gateway.admission.load_preview import LoadPreview, PreviewVerdict
 from gateway.admission.types import PoolKey
 from gateway.backends import Backend
 from gateway.config_routing import RoutingConfig
 from gateway.domain import BackendKind, ParsedRequest
 from gateway.errors import GatewayError
+from gateway.loads.preview import LoadPreview, PreviewVerdict
 from gateway.routing.outages import Outages
 from gateway.routing.rank import CandidateView, LoadCost, Ranked, rank
 from gateway.routing.service_times import ServiceTimes

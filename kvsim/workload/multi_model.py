@@ -24,7 +24,7 @@ model that fits (llama) keeps serving.
 The job starts while llama (12.6 GiB) is the resident model, so the GPU is not oversubscribed (12.6 + 8 < 24). Had it
 started while gemma (22.1 GiB) was resident, the GPU would be oversubscribed and gemma's runner would crash at its
 next request (runtime out of memory) through kvgate too: kvgate gates loads, not models already resident, and an
-over-committed GPU makes its loads wait rather than unload the idle model (``load_plan.decide_load``).
+over-committed GPU makes its loads wait rather than unload the idle model (``gateway.loads.plan.decide_load``).
 
 Every phase switches models: ``model_switches`` counts 9 (the first load included), the most loads the workload can
 need through kvgate (a switch needs one load at most; a refused one none).

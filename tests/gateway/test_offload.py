@@ -142,7 +142,7 @@ async def test_on_auto_a_failed_spill_teaches_kvgate_the_backend_does_not_offloa
     """Ollama 0.30 with LLAMA_ARG_FIT=off, kvgate on "auto": the first load kvgate lets spill fails on the backend
     (its 500 is not relayed: the client gets kvgate's 503), the log says to set cpu_offload = "off", and no later
     request makes the backend try again."""
-    caplog.set_level(logging.WARNING, logger="gateway.admission.loads")
+    caplog.set_level(logging.WARNING, logger="gateway.loads.gate")
     async with simulator(llama_fit=False) as sim, running_gateway(
             [backend_for(sim)], residency={"meminfo_path": meminfo(tmp_path)}) as url:
         await foreign(sim, 20)

@@ -1,11 +1,11 @@
-"""A load decision as a routing preview (gateway/admission/load_preview.py), table-driven."""
+"""A load decision as a routing preview (gateway/loads/preview.py), table-driven."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.admission.load_plan import LoadAction, LoadDecision
-from gateway.admission.load_preview import LoadPreview, PreviewVerdict, preview_of
+from gateway.loads.plan import LoadAction, LoadDecision
+from gateway.loads.preview import LoadPreview, PreviewVerdict, preview_of
 
 GIB = 1 << 30
 

@@ -20,12 +20,12 @@ import logging
 import re
 from typing import TYPE_CHECKING
 
-from gateway.admission.load_plan import LoadAction
 from gateway.errors import LoadRefused
+from gateway.loads.plan import LoadAction
 
 if TYPE_CHECKING:
-    from gateway.admission.loads import LoadGate
     from gateway.backends import Backend
+    from gateway.loads.gate import LoadGate
 
 log = logging.getLogger(__name__)
 

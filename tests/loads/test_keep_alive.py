@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gateway.admission.keep_alive import AS_SENT, client_keep_alive, sign_of
 from gateway.errors import BadRequest
+from gateway.loads.keep_alive import AS_SENT, client_keep_alive, sign_of
 
 
 @pytest.mark.parametrize(("value", "sign"), [

@@ -1,4 +1,4 @@
-"""Load admission and the residency manager, live: the I/O around ``load_plan.decide_load``.
+"""Load admission and the residency manager, live: the I/O around ``plan.decide_load``.
 
 An Ollama model that is not resident is loaded by kvgate itself (the pool directory's load, before the first request
 that needs it is planned). On a backend with a ``vram`` source, ``LoadGate.load`` first decides whether the load may
@@ -15,7 +15,7 @@ per-model ``pin`` and ``priority``:
 Decisions and loads on one backend are serialised (Ollama itself loads one model at a time), so two requests for two
 models that are not loaded never start two loads that together don't fit.
 
-A load refused for lack of GPU memory then meets ``residency.when_gpu_full`` (load_offload.py): by default it runs
+A load refused for lack of GPU memory then meets ``residency.when_gpu_full`` (offload.py): by default it runs
 partly on the CPU, as the backend would, where it does (``cpu_offload``) and system RAM holds it; ``wait`` waits
 ``load_wait_s`` for GPU memory, ``refuse`` answers 503 at once. A spilled load that fails teaches kvgate that the
 backend does not offload (a warning says to set ``cpu_offload = "off"``).
@@ -28,7 +28,7 @@ through the gate when /api/ps does not list it.
 Without a ``vram`` source, on other backend kinds, with ``residency.enabled = false``, or when the model's profile
 can't be had, ``load`` answers None and the caller loads as before.
 
-For routing, ``preview`` asks the same question without acting on it (load_preview.py): with the last GPU reading
+For routing, ``preview`` asks the same question without acting on it (preview.py): with the last GPU reading
 and /api/ps (read at most once per ``vram_refresh_s`` per backend and model), no lock, no claim, no load; and
 ``resident`` says whether the last /api/ps kvgate read from a backend (for any purpose) listed a model.
 """
@@ -41,22 +41,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
-from gateway.admission.gpu_ledger import GpuBudget, GpuEntry, LoadReservations
-from gateway.admission.gpu_reading import read_gpu_entry
-from gateway.admission.load_offload import CpuOffload, when_full
-from gateway.admission.load_oom import names_gpu_oom, oom_refusal
-from gateway.admission.load_plan import (
-    GpuRoom,
-    LoadAction,
-    LoadAsk,
-    LoadDecision,
-    ResidentState,
-    decide_load,
-)
-from gateway.admission.load_preview import RESIDENT, LoadPreview, preview_of
-from gateway.admission.types import PoolKey
-from gateway.admission.waiting_room import WaitingRoom
 from gateway.backends import Backend
 from gateway.backends.client import canonical_model, find_model, name_candidates, same_model
 from gateway.backends.prober import ProbeError, ProfileUnderivable
@@ -64,6 +50,19 @@ from gateway.backends.probes import BackendProbes
 from gateway.config import ModelSettings, Settings
 from gateway.domain import BackendKind
 from gateway.errors import LoadRefused
+from gateway.loads.gpu_ledger import GpuBudget, GpuEntry, LoadReservations
+from gateway.loads.gpu_reading import read_gpu_entry
+from gateway.loads.offload import CpuOffload, when_full
+from gateway.loads.oom import names_gpu_oom, oom_refusal
+from gateway.loads.plan import (
+    GpuRoom,
+    LoadAction,
+    LoadAsk,
+    LoadDecision,
+    ResidentState,
+    decide_load,
+)
+from gateway.loads.preview import RESIDENT, LoadPreview, preview_of
 from gateway.memory.load_cost import estimate_load_cost
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.ollama import default_context_tokens
@@ -130,12 +129,19 @@ class Lowered:
     at_default: bool
 
 
+class ActiveSequences(Protocol):
+    """What the load level reads of the sequence level: kvgate's active sequences on (backend, model). The waiting
+    room is one (admission/waiting_room.py); a Protocol here keeps the dependency one way, admission -> loads."""
+
+    def active_sequences(self, backend: str, model: str) -> int: ...
+
+
 class LoadGate:
     def __init__(
         self,
         settings: Settings,
         probes: BackendProbes,
-        room: WaitingRoom,
+        room: ActiveSequences,
         reservations: LoadReservations,
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -247,7 +253,7 @@ class LoadGate:
                     try:
                         await self._carry_out(backend, decision, explicit=asked_explicitly,
                                               embedding=profile.embedding_only)
-                    except ProbeError as exc:  # out of memory after the check: decide again once (load_oom.py)
+                    except ProbeError as exc:  # out of memory after the check: decide again once (oom.py)
                         if not names_gpu_oom(500, str(exc)) or oom_retried:
                             raise oom_refusal(backend.describe(), model, str(exc), retried=True) \
                                 if oom_retried else exc from None
@@ -308,7 +314,7 @@ class LoadGate:
         return self._decision(backend, model, profile, budget, at_default=at_default, cpu=cpu)
 
     async def preview(self, backend: Backend, model: str) -> LoadPreview:
-        """What loading ``model`` on ``backend`` would take now (load_preview.py), from the last GPU reading and
+        """What loading ``model`` on ``backend`` would take now (preview.py), from the last GPU reading and
         /api/ps (at most ``vram_refresh_s`` old); no lock, no claim, nothing unloaded or loaded."""
         if not self.applies(backend):
             if backend.kind is BackendKind.OLLAMA:  # no GPU reading: whether /api/ps lists it, at least
@@ -345,7 +351,7 @@ class LoadGate:
     ) -> tuple[LoadDecision, bool]:
         """The decision with ``budget`` (no I/O), and whether its context was asked for explicitly; with ``cpu``
         (whether the backend offloads, and why kvgate thinks so) a refused load meets ``residency.when_gpu_full``
-        (load_offload.py); without (a preview), it stays refused."""
+        (offload.py); without (a preview), it stays refused."""
         settings = backend.settings
         residency = self._settings.residency
         explicit = None if at_default else settings.context_tokens or profile.context_tokens
@@ -382,7 +388,7 @@ class LoadGate:
         key = (backend.name, canonical_model(name))
         settings = self._model_settings(name)
         active = max(self._claims.get(key, 0), *(
-            self._room.ledger.snapshot(PoolKey(backend.name, spelling)).active_sequences
+            self._room.active_sequences(backend.name, spelling)
             for spelling in name_candidates(name)))
         last_used_s = self._last_used.get(key, float("-inf"))
         loaded_at_s = self._loaded_at.get(key, float("-inf"))

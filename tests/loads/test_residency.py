@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from gateway.loads.residency import plan_unload, residency, residency_json
 from gateway.memory.estimate import estimate
 from gateway.memory.presets import preset_profile
-from gateway.memory.residency import plan_unload, residency, residency_json
 from gateway.memory.sources.ollama import LoadedModel
 
 GIB = 1024**3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.admission.gpu_ledger import (
+from gateway.loads.gpu_ledger import (
     FitVerdict,
     GpuBoard,
     GpuBudget,

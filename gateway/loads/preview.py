@@ -1,6 +1,6 @@
 """What loading a model on a backend would take now, without loading it: a preview for routing (pure).
 
-``LoadGate.preview`` (loads.py) asks ``decide_load`` the question a load would ask, with the backend's last GPU
+``LoadGate.preview`` (gate.py) asks ``decide_load`` the question a load would ask, with the backend's last GPU
 reading and /api/ps (at most ``vram_refresh_s`` old, shared by the requests that ask together), and turns the
 answer into a ``LoadPreview`` with ``preview_of``. It takes no lock and no claim, unloads nothing, reserves nothing
 and loads nothing: the load itself, if the request goes there, is decided again (``LoadGate.load``).
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gateway.admission.load_plan import LoadAction, LoadDecision
+from gateway.loads.plan import LoadAction, LoadDecision
 
 
 class PreviewVerdict(StrEnum):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.admission.load_oom import names_gpu_oom, oom_refusal, room_after_oom
-from gateway.admission.load_plan import LoadAction, LoadDecision
 from gateway.errors import LoadRefused
+from gateway.loads.oom import names_gpu_oom, oom_refusal, room_after_oom
+from gateway.loads.plan import LoadAction, LoadDecision
 
 
 @pytest.mark.parametrize(("status", "text", "oom"), [

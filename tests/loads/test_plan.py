@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.admission.load_plan import (
+from gateway.loads.plan import (
     CONTEXT_STEP_TOKENS,
     GpuRoom,
     LoadAction,

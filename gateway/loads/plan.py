@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gateway.admission.gpu_ledger import FitVerdict, plan_load
+from gateway.loads.gpu_ledger import FitVerdict, plan_load
 
 CONTEXT_STEP_TOKENS = 256
 """Contexts are lowered in steps of this (Ollama rounds num_ctx to a multiple of 256 per sequence anyway)."""

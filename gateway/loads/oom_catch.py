@@ -1,4 +1,4 @@
-"""The backend's out-of-memory answer, caught before it reaches the client (the rules: admission/load_oom.py)."""
+"""The backend's out-of-memory answer, caught before it reaches the client (the rules: oom.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway.admission.load_oom import MAX_ERROR_BYTES, GpuOutOfMemory, names_gpu_oom
 from gateway.headers import downstream_response_headers
+from gateway.loads.oom import MAX_ERROR_BYTES, GpuOutOfMemory, names_gpu_oom
 
 
 def _words(raw: bytes) -> str:

@@ -4,7 +4,7 @@ Ollama reports its resident models (/api/ps ``size_vram``: "reported"). A llama-
 resident; its bytes are kvgate's own estimate ("estimated": weights + KV pool + compute buffers, ``load_cost``) from
 the model's profile and the slot layout of /props. A model whose size kvgate cannot derive is left out, its bytes
 count as other processes, and the entry says why. Used by the status page and metrics (observability/gpus.py) and by
-load admission (admission/loads.py).
+load admission (gate.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ from __future__ import annotations
 import logging
 from pathlib import PurePath
 
-from gateway.admission.gpu_ledger import (
+from gateway.backends import Backend
+from gateway.backends.prober import ProbeError
+from gateway.backends.probes import BackendProbes
+from gateway.domain import BackendKind
+from gateway.loads.gpu_ledger import (
     GpuEntry,
     LoadReservations,
     ResidentModel,
@@ -20,10 +24,6 @@ from gateway.admission.gpu_ledger import (
     estimated_resident,
     reported_resident,
 )
-from gateway.backends import Backend
-from gateway.backends.prober import ProbeError
-from gateway.backends.probes import BackendProbes
-from gateway.domain import BackendKind
 from gateway.memory.load_cost import estimate_load_cost
 from gateway.memory.vram import VramUnavailable
 
