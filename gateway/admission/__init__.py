@@ -11,24 +11,56 @@ the dependency goes one way: the admitter and the pool directory call the load g
 through ``WaitingRoom.active_sequences``.
 """
 
-from gateway.admission.errors import AdmissionRejected
-from gateway.admission.ledger import Ledger, Reservation
-from gateway.admission.permit import Permit
-from gateway.admission.planner import plan, reserved_prompt_tokens
-from gateway.admission.stats import QueueStats, WaiterView
-from gateway.admission.types import (
-    Admit,
-    Decision,
-    LedgerSnapshot,
-    Policy,
-    PoolKey,
-    PoolSpec,
-    Reject,
-    RequestCost,
-    Rewrites,
-    Wait,
-)
-from gateway.admission.waiting_room import WaitingRoom
+from typing import TYPE_CHECKING
+
+from gateway.lazy import export
+
+if TYPE_CHECKING:  # at run time each name is imported on first use (gateway/lazy.py)
+    from gateway.admission.errors import AdmissionRejected
+    from gateway.admission.ledger import Ledger, Reservation
+    from gateway.admission.permit import Permit
+    from gateway.admission.planner import plan, reserved_prompt_tokens
+    from gateway.admission.stats import QueueStats, WaiterView
+    from gateway.admission.types import (
+        Admit,
+        Decision,
+        LedgerSnapshot,
+        Policy,
+        PoolKey,
+        PoolSpec,
+        Reject,
+        RequestCost,
+        Rewrites,
+        Wait,
+    )
+    from gateway.admission.waiting_room import WaitingRoom
+
+_EXPORTS = {
+    "AdmissionRejected": "gateway.admission.errors",
+    "Admit": "gateway.admission.types",
+    "Decision": "gateway.admission.types",
+    "Ledger": "gateway.admission.ledger",
+    "LedgerSnapshot": "gateway.admission.types",
+    "Permit": "gateway.admission.permit",
+    "Policy": "gateway.admission.types",
+    "PoolKey": "gateway.admission.types",
+    "PoolSpec": "gateway.admission.types",
+    "QueueStats": "gateway.admission.stats",
+    "Reject": "gateway.admission.types",
+    "RequestCost": "gateway.admission.types",
+    "Reservation": "gateway.admission.ledger",
+    "Rewrites": "gateway.admission.types",
+    "Wait": "gateway.admission.types",
+    "WaiterView": "gateway.admission.stats",
+    "WaitingRoom": "gateway.admission.waiting_room",
+    "plan": "gateway.admission.planner",
+    "reserved_prompt_tokens": "gateway.admission.planner",
+}
+
+
+def __getattr__(name: str) -> object:
+    return export(__name__, _EXPORTS, name)
+
 
 __all__ = [
     "AdmissionRejected",
