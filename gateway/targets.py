@@ -39,9 +39,10 @@ def route_dialect(request: web.Request) -> Dialect:
     by their prefix (as the proxy does)."""
     resource = request.match_info.route.resource
     canonical = resource.canonical if resource is not None else ""
-    if canonical.startswith("/kvgate/"):
+    path = request.path or request.raw_path.split("?", 1)[0]  # CONNECT: matched no route, and has no path
+    if canonical.startswith("/kvgate/") or path.startswith("/kvgate/"):
         return Dialect.OPENAI
-    return _ROUTE_DIALECTS.get(canonical) or fallback_dialect(request.path or request.raw_path)  # CONNECT: no path
+    return _ROUTE_DIALECTS.get(canonical) or fallback_dialect(path)
 
 
 @web.middleware
