@@ -353,6 +353,8 @@ class SharedPools:
         loop = asyncio.get_running_loop()
         next_renewal_s = loop.time()
         try:
+            with contextlib.suppress(StoreUnreachable):  # down: the first renewal says so, and reads it then
+                await self.store.learn_epoch()
             while True:
                 if loop.time() >= next_renewal_s or not self.up:
                     await self.renew_all()

@@ -318,6 +318,19 @@ return {1, waiting + 1, string.format('%.17g', start), string.format('%.17g', fi
   tonumber(redis.call('ZSCORE', KEYS[4], ARGV[1]))}
 """
 
+EPOCH = """
+-- KEYS: epoch. This Redis's epoch (made, with no grace, if there is none): read by each replica as it starts, so that
+-- after a restart empty every running replica has seen the old one, and the first to call tells Redis that every
+-- lease was lost (``epoch`` in the scripts above sets the grace).
+local id = redis.call('HGET', KEYS[1], 'id')
+if not id then
+  local t = redis.call('TIME')
+  id = tostring(math.floor(tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000))
+  redis.call('HSET', KEYS[1], 'id', id, 'grace', 0)
+end
+return id
+"""
+
 QUEUE_TOUCH = """
 -- KEYS: the pool's seven. ARGV: ttl_ms, then this replica's waiters in the pool: still waiting.
 local t = redis.call('TIME')

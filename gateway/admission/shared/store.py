@@ -146,6 +146,7 @@ class SharedStore:
         self._reserve = client.register_script(scripts.RESERVE)
         self._release = client.register_script(scripts.RELEASE)
         self._renew = client.register_script(scripts.RENEW)
+        self._epoch = client.register_script(scripts.EPOCH)
         self._totals = client.register_script(scripts.TOTALS)
         self._join = client.register_script(scripts.QUEUE_JOIN)
         self._touch = client.register_script(scripts.QUEUE_TOUCH)
@@ -205,6 +206,11 @@ class SharedStore:
     async def release(self, reservation: Reservation) -> Answer:
         args = [self.lease_id(reservation), *self._herald(reservation.key)]
         return await self._call(self._release, _names(self._prefix, reservation.key), args)
+
+    async def learn_epoch(self) -> None:
+        """Read Redis's epoch (``scripts.EPOCH``), as this replica starts: a restart empty is then noticed whichever
+        replica calls first."""
+        self.epoch = _text(await self._attempt(self._epoch, [f"{self._prefix}:epoch"], []))
 
     async def renew(self, key: PoolKey, live: Sequence[Reservation], ttl_s: float) -> Renewed:
         """Push the expiry of this replica's live leases in the pool that still exist; name those that do not (the
