@@ -13,7 +13,7 @@ import orjson
 import uvloop
 from aiohttp import web
 
-from gateway.gguf import read_gguf_metadata
+from gateway.support.gguf_reader import read_gguf_metadata
 
 SMALL = orjson.dumps({
     "model": "bench", "created_at": "2026-11-29T00:00:00Z", "message": {"role": "assistant", "content": "hello"},

@@ -28,7 +28,7 @@ import aiohttp
 import orjson
 
 from gateway.app import create_app, start_server
-from gateway.config import load_settings
+from gateway.config.settings import load_settings
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
 

@@ -96,7 +96,7 @@ from bench.scale_workload import (
     workload,
 )
 from gateway.app import create_app, start_server
-from gateway.config import load_settings
+from gateway.config.settings import load_settings
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import tiktoken
 
-from gateway.gguf import read_gguf_metadata
+from gateway.support.gguf_reader import read_gguf_metadata
 from gateway.tokens.count import CounterUnavailable
 from gateway.tokens.gguf_vocab import load_gguf_tokenizer
 from gateway.tokens.sources import GGUFFileSource

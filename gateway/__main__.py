@@ -1,5 +1,5 @@
 import sys
 
-from gateway.hangups import main  # before anything else: a SIGHUP during the imports is kept, not fatal
+from gateway.cli.hangups import main  # before anything else: a SIGHUP during the imports is kept, not fatal
 
 sys.exit(main())

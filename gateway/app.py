@@ -14,25 +14,28 @@ import aiohttp
 from aiohttp import web
 from pydantic import SecretStr
 
-from gateway import targets
 from gateway.admission import Ledger, WaitingRoom
 from gateway.admission.admit import Admitter
 from gateway.admission.keyless import keyless_caps_line
-from gateway.admission.pools import PoolDirectory, unadmitted_reason
-from gateway.admission.shared.pools import SharedPools, shared_pools
-from gateway.admission.shared.rates import TenantRates
+from gateway.admission.kv_pools import PoolDirectory, unadmitted_reason
+from gateway.admission.shared.shared_pools import SharedPools, shared_pools
+from gateway.admission.shared.shared_rates import TenantRates
 from gateway.api import kvgate as kvgate_api
 from gateway.backends import BackendRegistry
 from gateway.backends.probes import BackendProbes
-from gateway.config import ServerSettings, Settings
+from gateway.config.reload import LiveSettings, Reloader, SettingsSource
+from gateway.config.settings import ServerSettings, Settings
 from gateway.domain import Operation
-from gateway.edge_limits import ClientLimits
-from gateway.edge_refusals import refuse_over_peer_limit
-from gateway.error_boundary import error_boundary, error_response
+from gateway.edge import targets
+from gateway.edge.error_boundary import error_boundary, error_response
+from gateway.edge.expect import expect_continue
+from gateway.edge.limits import ClientLimits
+from gateway.edge.refusals import refuse_over_peer_limit
+from gateway.edge.routes import FALLBACK, ROUTES, Route
+from gateway.edge.serving import CONNECTIONS, ConnectionCollector, Connections, GuardedRunner
 from gateway.errors import AdminOnly
-from gateway.expect import expect_continue
 from gateway.fitting.summaries import Summaries
-from gateway.fitting.summarizer import InternalCalls, Summarizer
+from gateway.fitting.summary_writer import InternalCalls, Summarizer
 from gateway.loads.gate import LoadGate
 from gateway.loads.gpu_ledger import GpuBoard, LoadReservations
 from gateway.memory.vram import VramSource
@@ -41,11 +44,8 @@ from gateway.observability.gpus import gpu_rows, refresh_gpus
 from gateway.observability.metrics import CONTENT_TYPE, Metrics
 from gateway.observability.shared_ledger import SharedLedgerCollector, shared_status
 from gateway.proxy import Proxy
-from gateway.reload import LiveSettings, Reloader, SettingsSource
-from gateway.routes import FALLBACK, ROUTES, Route
-from gateway.serving import CONNECTIONS, ConnectionCollector, Connections, GuardedRunner
-from gateway.single_flight import SingleFlight
-from gateway.tasks import stop
+from gateway.support.single_flight import SingleFlight
+from gateway.support.tasks import stop
 from gateway.tokens.prompt_counter import PromptCounter
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -117,7 +117,7 @@ def create_app(
     live.subscribe(lambda reloaded: log.info("%s", keyless_caps_line(reloaded)))  # start-up: cli.py, after listening
     for deprecated in settings.residency.deprecations():  # a key an older kvgate wrote, still read
         log.warning("%s", deprecated)
-    app[CONNECTIONS] = Connections(ClientLimits.from_settings(settings.server))  # gateway.serving
+    app[CONNECTIONS] = Connections(ClientLimits.from_settings(settings.server))  # gateway.edge.serving
     metrics.registry.register(ConnectionCollector(app[CONNECTIONS]))
     app[GPU_REFRESHES] = SingleFlight()
     app[GPU_BOARD] = GpuBoard()  # the GPU ledger's last budgets: refreshed on status reads and in the loop below
@@ -159,7 +159,7 @@ def create_app(
         gpu_refresher = asyncio.create_task(_refresh_gpus_forever(app)) if refresh_models else None
         yield
         if sharing is not None and shared is not None:
-            await stop(sharing)  # cancelled again until it ends: Python 3.11 may lose one (gateway/tasks.py)
+            await stop(sharing)  # cancelled again until it ends: Python 3.11 may lose one (gateway/support/tasks.py)
             await shared.close()
         await stop(gpu_refresher)
         await stop(checks)
@@ -172,7 +172,7 @@ def create_app(
         await session.close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_get("/kvgate/health", kvgate_api.health, allow_head=True,  # every route: gateway.expect
+    app.router.add_get("/kvgate/health", kvgate_api.health, allow_head=True,  # every route: gateway.edge.expect
                        expect_handler=expect_continue)
     fit = kvgate_api.fit_handler(lambda r: (r.app[REGISTRY], r.app[PROBES]))
     count = kvgate_api.count_handler(lambda r: (r.app[REGISTRY], r.app[PROMPT_COUNTER], r.app[PROXY].bodies),
@@ -285,7 +285,7 @@ async def _tenants(request: web.Request) -> web.Response:
 
 
 async def _reload(request: web.Request) -> web.Response:
-    """Re-read the configuration (admin; gateway/reload.py): 200 with the settings changed and those that need a
+    """Re-read the configuration (admin; gateway/config/reload.py): 200 with the settings changed and those that need a
     restart, by name; 400 ``invalid_config`` naming the setting, with nothing changed."""
     if not admin_allowed(request, _admin_key(request)):
         raise _forbidden()
@@ -375,10 +375,10 @@ async def _proxied(request: web.Request, *, route: Route) -> web.StreamResponse:
 
 async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Serve ``app``; a client that disconnects cancels its handler, which closes the upstream request. Client
-    connections get the header and body deadlines and the cap of ``gateway.serving`` (an app not built by
+    connections get the header and body deadlines and the cap of ``gateway.edge.serving`` (an app not built by
     ``create_app``, like a test's fake backend, gets the default settings)."""
     connections = app.get(CONNECTIONS) or Connections(ClientLimits.from_settings(ServerSettings()))
-    # auto_decompress=False: request bodies arrive as sent; kvgate decodes those it reads (gateway.body.encoding,
+    # auto_decompress=False: request bodies arrive as sent; kvgate decodes those it reads (gateway.edge.body.encoding,
     # bounded) and passes the others through with their Content-Encoding
     runner = GuardedRunner(app, connections, handler_cancellation=True, access_log=None, auto_decompress=False)
     await runner.setup()

@@ -25,7 +25,7 @@
 
 Third-party exceptions (aiohttp, orjson, asyncio) from calls to backends are translated into this tree at one
 place, ``gateway.backends.client`` (its BackendCallError classes are BackendUnavailable or BackendTimeout), and
-rendered in the dialect of the request by ``gateway.dialects``, at one boundary: ``gateway.error_boundary`` (a
+rendered in the dialect of the request by ``gateway.dialects``, at one boundary: ``gateway.edge.error_boundary`` (a
 middleware for every handler, and ``error_response`` for the proxy and the edge's own refusals). ``param`` names what
 the error is about (a field, a setting), where there is one.
 """
@@ -125,7 +125,7 @@ class ServerBusy(GatewayError):
 
 class ConnectionsExhausted(ServerBusy):
     """A connection kvgate can't serve: at ``server.max_connections`` with none to close, or within the descriptor
-    reserve of RLIMIT_NOFILE. Answered before any request is read (``gateway.serving``), so in no route's dialect:
+    reserve of RLIMIT_NOFILE. Answered before any request is read (``gateway.edge.serving``), so in no route's dialect:
     Ollama's ``{"error": "..."}``, which the OpenAI clients read as the message too."""
 
     code = "connections_exhausted"

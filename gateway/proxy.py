@@ -1,24 +1,24 @@
 """The one orchestrator of the request path (design.md section 3); each step lives in the module named beside it.
 
-    read the body        body/reader.py          decoded, bounded, held under the request's lease (body/budget.py)
-                         body/json_bound.py      its JSON elements bounded before parsing; parsed off-loop if large
+    read the body        edge/body/reader.py     decoded, bounded, held under the request's lease (edge/body/budget.py)
+                         edge/body/json_bound.py its JSON elements bounded before parsing; parsed off-loop if large
     parse                dialects/               once, into a frozen ParsedRequest (domain.py)
-    tenant               admission/tenants.py    API key to tenant and its caps
+    tenant               admission/tenant_keys.py  API key to tenant and its caps
     route                backends/registry.py    the backends serving the model, and their own names for it;
                          routing/                which of them: ranked by memory, sticky by conversation, a
                                                  backend that fails before answering is retried elsewhere
-    find the pool        admission/pools.py      the model's KV pool, probed through backends/probes.py
+    find the pool        admission/kv_pools.py   the model's KV pool, probed through backends/probes.py
     count                tokens/prompt_counter.py  the prompt's tokens, exact where a counter can
     admit                admission/admit.py      plan (planner.py, pure), fit (fitting/), reserve or wait
                                                  (waiting_room.py, ledger.py): one AdmissionOutcome (outcome.py)
     forward              backends/client.py      the backend's one client: auth, Host, timeouts, transport errors
     stream back          streaming.py            bytes pass through; usage observed (observability/usage.py)
-    release + observe    here, reply_checks.py   the permit is released; truncation checked
+    release + observe    here, observability/reply_checks.py the permit is released; truncation checked
                                                  (observability/truncation.py); calibration; metrics and the
                                                  log line rendered from the outcome (observability/metrics.py)
-    listings             listing.py              /api/tags, /api/ps, /v1/models: every backend's list, merged
+    listings             backends/listing.py     /api/tags, /api/ps, /v1/models: every backend's list, merged
 
-Errors are raised as ``gateway.errors`` and rendered once, here, in the dialect of the request.
+Errors are raised as ``gateway.errors`` and rendered once, in the dialect of the route, by edge/error_boundary.py.
 """
 
 from __future__ import annotations
@@ -41,16 +41,20 @@ from gateway.admission.rate_charge import RateCharge
 from gateway.admission.rates import RateLimit
 from gateway.admission.sequence_rules import reserves_kv
 from gateway.admission.shared.fencing import Fences, FenceSignal, fenced
-from gateway.admission.shared.rates import TenantRates
-from gateway.admission.tenants import ADMIN_TENANT, Tenant
+from gateway.admission.shared.shared_rates import TenantRates
+from gateway.admission.tenant_keys import ADMIN_TENANT, Tenant
 from gateway.admission.types import PoolKey
 from gateway.backends import Backend, BackendRegistry
-from gateway.body.budget import BodyBudget, BodyLease
-from gateway.body.json_bound import decode_bounded
-from gateway.body.reader import read_body
-from gateway.config import Settings
+from gateway.backends.listing import merged_listing
+from gateway.config.reload import LiveSettings
+from gateway.config.settings import Settings
 from gateway.domain import BackendKind, Dialect, Operation, ParsedRequest
-from gateway.error_boundary import error_response
+from gateway.edge.body.budget import BodyBudget, BodyLease
+from gateway.edge.body.json_bound import decode_bounded
+from gateway.edge.body.reader import read_body
+from gateway.edge.error_boundary import error_response
+from gateway.edge.headers import request_deadline, request_id_for, upstream_request_headers
+from gateway.edge.routes import FALLBACK, Handling, Route, fallback_dialect
 from gateway.errors import (
     BackendNotReady,
     BackendTimeout,
@@ -61,22 +65,18 @@ from gateway.errors import (
     ModelNotFound,
 )
 from gateway.fitting.policy import FitPolicy, policy_for
-from gateway.fitting.summarizer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, InternalCalls
-from gateway.headers import request_deadline, request_id_for, upstream_request_headers
-from gateway.listing import merged_listing
-from gateway.load_requests import is_load_request, keep_alive_of, serve_load_request
+from gateway.fitting.summary_writer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, InternalCalls
 from gateway.loads.keep_alive import carries_admin_key
+from gateway.loads.load_requests import is_load_request, keep_alive_of, serve_load_request
 from gateway.loads.oom import GpuOutOfMemory, oom_refusal, room_after_oom
 from gateway.loads.oom_catch import held_unless_oom
 from gateway.notice import Notice, reply_notice
 from gateway.observability.logs import ClientText, request_id_var
 from gateway.observability.metrics import Metrics, record
+from gateway.observability.reply_checks import ReplyChecks, usage_counts_prompt
 from gateway.observability.request_log import logged_content, request_fields
 from gateway.observability.tenant_usage import UNIDENTIFIED, refusal_reason
 from gateway.observability.usage import UsageObserver
-from gateway.reload import LiveSettings
-from gateway.reply_checks import ReplyChecks, usage_counts_prompt
-from gateway.routes import FALLBACK, Handling, Route, fallback_dialect
 from gateway.routing import ROUTE_HEADER, BackendFailed, RouteCollector, RoutePlan, Router
 from gateway.streaming import relay
 from gateway.tokens import TokenCount
@@ -130,7 +130,7 @@ class Proxy:
         internal: InternalCalls | None = None,
         rates: TenantRates | None = None,
     ) -> None:
-        self._live = live  # the settings and tenants of new requests; a reload replaces them (gateway/reload.py)
+        self._live = live  # the settings and tenants of new requests; a reload replaces them (gateway/config/reload.py)
         self._internal = internal
         self._rates = rates or TenantRates()  # shared across replicas with a shared ledger
         self._registry = registry
@@ -421,7 +421,7 @@ class Proxy:
             client_ip=request.remote,  # kvgate's keys (a tenant's, the admin's) stay in kvgate
             strip_client_keys=self._live.tenants.enabled or carries_admin_key(request.headers,
                                                                               self._live.settings.server.admin_key),
-            body_decoded=isinstance(body, bytes),  # a body kvgate read is forwarded decoded (gateway.body.encoding)
+            body_decoded=isinstance(body, bytes),  # a body kvgate read is forwarded decoded (edge/body/encoding.py)
         )
         if notice is not None:
             headers["Accept-Encoding"] = "identity"  # the reply is rewritten: kvgate must read it

@@ -41,11 +41,11 @@ from gateway import dialects
 from gateway.admission.shared.fencing import FenceSignal
 from gateway.backends.client import broken_off
 from gateway.domain import Dialect
+from gateway.edge.headers import downstream_response_headers, stream_kind
+from gateway.edge.serving import CONNECTIONS
 from gateway.errors import BackendTimeout, GatewayError
-from gateway.headers import downstream_response_headers, stream_kind
 from gateway.notice import Notice, NoticeStream
 from gateway.observability.usage import UsageObserver
-from gateway.serving import CONNECTIONS
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class ClientStalled(ClientGone):
 
 
 DEFAULT_CLIENT_WRITE_S = 60.0
-"""``server.client_write_timeout_s`` for an app that has no ``gateway.serving.Connections``."""
+"""``server.client_write_timeout_s`` for an app that has no ``gateway.edge.serving.Connections``."""
 
 
 def _client_write_s(request: web.Request) -> float:

@@ -34,7 +34,7 @@ from typing import Protocol
 
 import tokenizers
 
-from gateway.gguf import read_gguf_metadata
+from gateway.support.gguf_reader import read_gguf_metadata
 from gateway.tokens.gguf_vocab import tokenizer_from_gguf_metadata
 from kvsim.catalog import ModelSpec
 

@@ -11,7 +11,7 @@ import gguf
 import numpy as np
 import pytest
 
-from gateway.gguf import GgufFormatError, parse_gguf_metadata, read_gguf, read_gguf_metadata
+from gateway.support.gguf_reader import GgufFormatError, parse_gguf_metadata, read_gguf, read_gguf_metadata
 from tests.tokens.vocab_vectors import VOCAB_DIR, vocab_path
 
 

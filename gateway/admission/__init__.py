@@ -13,13 +13,13 @@ through ``WaitingRoom.active_sequences``.
 
 from typing import TYPE_CHECKING
 
-from gateway.lazy import export
+from gateway.support.lazy import export
 
-if TYPE_CHECKING:  # at run time each name is imported on first use (gateway/lazy.py)
-    from gateway.admission.errors import AdmissionRejected
+if TYPE_CHECKING:  # at run time each name is imported on first use (gateway/support/lazy.py)
     from gateway.admission.ledger import Ledger, Reservation
     from gateway.admission.permit import Permit
     from gateway.admission.planner import plan, reserved_prompt_tokens
+    from gateway.admission.rejections import AdmissionRejected
     from gateway.admission.stats import QueueStats, WaiterView
     from gateway.admission.types import (
         Admit,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # at run time each name is imported on first use (gateway/laz
     from gateway.admission.waiting_room import WaitingRoom
 
 _EXPORTS = {
-    "AdmissionRejected": "gateway.admission.errors",
+    "AdmissionRejected": "gateway.admission.rejections",
     "Admit": "gateway.admission.types",
     "Decision": "gateway.admission.types",
     "Ledger": "gateway.admission.ledger",

@@ -16,14 +16,14 @@ from typing import Any
 
 from gateway import dialects
 from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, Rewrites, WaitingRoom
+from gateway.admission.kv_pools import PoolDirectory
 from gateway.admission.outcome import AdmissionOutcome, Admitted, Reserved, SummaryNote, Trim
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
-from gateway.admission.pools import PoolDirectory
 from gateway.admission.sequence_rules import completions_run, ignored_n_note
-from gateway.admission.tenants import Tenant, tenant_policy
+from gateway.admission.tenant_keys import Tenant, tenant_policy
 from gateway.backends import Backend
 from gateway.backends.prober import ProbeError
-from gateway.config import AdmissionConfig
+from gateway.config.settings import AdmissionSettings
 from gateway.domain import NO_OUTPUT_OPERATIONS, BackendKind, Operation, ParsedRequest
 from gateway.errors import BadRequest
 from gateway.fitting.chat_fit import trim_chat
@@ -31,7 +31,7 @@ from gateway.fitting.head_tail import keep_head_and_tail
 from gateway.fitting.policy import FitPolicy
 from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.fitting.summaries import Summaries
-from gateway.fitting.summarize import SummaryFailed
+from gateway.fitting.summary_fit import SummaryFailed
 from gateway.loads.gate import Claim, LoadGate
 from gateway.loads.preview import LoadPreview
 from gateway.tokens import TokenCount
@@ -54,7 +54,7 @@ DEFAULT_FIT = FitPolicy(remedies=("trim", "refuse"), keep_newest_turns=1, summar
 """Without a policy (tests, tools): ``admission.on_too_long`` (trim, then refuse; or refuse)."""
 
 
-def policy_from(config: AdmissionConfig) -> Policy:
+def policy_from(config: AdmissionSettings) -> Policy:
     return Policy(
         default_output_tokens=config.default_output_tokens,
         estimate_margin=config.estimate_margin,
@@ -141,7 +141,7 @@ def _output_cap(parsed: ParsedRequest, tenant: Tenant) -> tuple[int | None, bool
 
 class Admitter:
     def __init__(
-        self, config: AdmissionConfig, pools: PoolDirectory, room: WaitingRoom, loads: LoadGate | None = None,
+        self, config: AdmissionSettings, pools: PoolDirectory, room: WaitingRoom, loads: LoadGate | None = None,
         summaries: Summaries | None = None,
     ) -> None:
         self._pools = pools
@@ -150,8 +150,8 @@ class Admitter:
         self._summaries = summaries
         self.reconfigure(config)
 
-    def reconfigure(self, config: AdmissionConfig) -> None:
-        """Admit new requests under ``config`` (a configuration reload, gateway/reload.py); a request already
+    def reconfigure(self, config: AdmissionSettings) -> None:
+        """Admit new requests under ``config`` (a configuration reload, gateway/config/reload.py); a request already
         queued or admitted keeps the policy it was given, and its reservation."""
         self._config = config
         self._policy = policy_from(config)

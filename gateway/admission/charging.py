@@ -8,8 +8,8 @@ import math
 import time
 
 from gateway.admission.rate_charge import RateCharge, settlement, upfront
-from gateway.admission.shared.rates import TenantRates
-from gateway.admission.tenants import Tenant
+from gateway.admission.shared.shared_rates import TenantRates
+from gateway.admission.tenant_keys import Tenant
 from gateway.domain import NO_OUTPUT_OPERATIONS, ParsedRequest
 from gateway.errors import BadRequest, RateLimited
 from gateway.observability.usage import UsageObserver

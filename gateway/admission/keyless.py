@@ -21,10 +21,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
 from gateway.admission.rates import RateLimit
-from gateway.config import ANONYMOUS_TENANT, Settings, TenantSettings
+from gateway.config.settings import ANONYMOUS_TENANT, Settings, TenantSettings
 
 if TYPE_CHECKING:
-    from gateway.admission.tenants import Tenant
+    from gateway.admission.tenant_keys import Tenant
 
 N = TypeVar("N", int, float)
 CAP_FIELDS = ("max_active", "max_prompt_tokens", "max_output_tokens", "max_pool_share", "max_queued",
@@ -87,7 +87,7 @@ def _caps(tenant: Tenant) -> str:
 
 def keyless_caps_line(settings: Settings) -> str:
     """One line for the start-up log: which caps keyless requests get (no key or secret in it)."""
-    from gateway.admission.tenants import TenantDirectory  # tenants.py builds its keyless tenant from this module
+    from gateway.admission.tenant_keys import TenantDirectory  # tenants.py builds its keyless tenant from this module
 
     if settings.server.require_api_key:
         return "keyless requests are refused (401): server.require_api_key = true"

@@ -28,7 +28,7 @@ from gateway.memory.ollama_slots import ONE_SEQUENCE_ARCHITECTURES, SlotInferenc
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.ollama import LoadedModel
 
-log = logging.getLogger("gateway.admission.pools")
+log = logging.getLogger("gateway.admission.kv_pools")
 
 PoolId = tuple[str, str]
 SET_IT = "set parallel = N in [[backends]] (KVGATE_BACKEND__PARALLEL for the first backend) to the server's own"

@@ -53,14 +53,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.admission import errors
-from gateway.admission.errors import AdmissionRejected
+from gateway.admission import rejections as errors
 from gateway.admission.fair_share import FairClock, Tag
 from gateway.admission.ledger import Ledger, Reservation
 from gateway.admission.permit import Permit
 from gateway.admission.planner import held_sequences, plan
 from gateway.admission.queue_share import over_share
-from gateway.admission.shared.pools import SharedPools
+from gateway.admission.rejections import AdmissionRejected
+from gateway.admission.shared.shared_pools import SharedPools
 from gateway.admission.shared.snapshots import combine, limits_for
 from gateway.admission.shared.store import Place
 from gateway.admission.stats import QueueCounters, QueueStats, WaiterView

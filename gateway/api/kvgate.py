@@ -19,10 +19,11 @@ from gateway.admission.pool_slots import SlotSource
 from gateway.backends import Backend, BackendRegistry
 from gateway.backends.prober import ProbeError
 from gateway.backends.probes import BackendProbes, local_profile
-from gateway.body.budget import BodyBudget
-from gateway.body.json_bound import decode_bounded
-from gateway.body.reader import read_body
 from gateway.domain import BackendKind
+from gateway.edge.body.budget import BodyBudget
+from gateway.edge.body.json_bound import decode_bounded
+from gateway.edge.body.reader import read_body
+from gateway.edge.routes import ROUTES
 from gateway.errors import BackendUnavailable, BadRequest
 from gateway.loads.residency import (
     calibration_for,
@@ -31,7 +32,7 @@ from gateway.loads.residency import (
     residency_json,
     residency_warnings,
 )
-from gateway.memory.estimate import estimate, parse_fit_params, ram_check
+from gateway.memory.fit_estimate import estimate, parse_fit_params, ram_check
 from gateway.memory.host_ram import read_host_ram
 from gateway.memory.load_cost import Calibration
 from gateway.memory.profile import ModelProfile
@@ -40,8 +41,7 @@ from gateway.memory.vram import VramReading, VramUnavailable
 from gateway.observability.outcomes import OutcomeTally
 from gateway.observability.pool_layout import pool_label
 from gateway.observability.tenant_usage import TenantUsage
-from gateway.routes import ROUTES
-from gateway.text import safe_text
+from gateway.support.safe_text import safe_text
 from gateway.tokens.prompt_counter import COUNTED_OPERATIONS, PromptCounter
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 def fit_handler(deps: Deps) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def fit(request: web.Request) -> web.Response:  # a GatewayError: rendered by gateway.error_boundary
+    async def fit(request: web.Request) -> web.Response:  # a GatewayError: rendered by gateway.edge.error_boundary
         registry, probes = deps(request)
         return await _fit(request, registry, probes)
 
@@ -179,7 +179,7 @@ def count_handler(
             parsed = dialects.parse(route.dialect, route.operation, body, route.path)
             backend = await registry.resolve(parsed.model, route.kind)
             result = await counter.count(parsed, backend)
-        finally:  # a GatewayError: rendered by gateway.error_boundary
+        finally:  # a GatewayError: rendered by gateway.edge.error_boundary
             lease.release()
         return web.json_response({
             "model": parsed.model, "backend": backend.name, "route": path,
@@ -214,7 +214,7 @@ def status_snapshot(
     each pool's slot count came from (configured, inferred from /api/ps, reported by /props, assumed). With
     ``outcomes``, each pool's requests by outcome since start and the totals of every request
     (``observability/outcomes.py``). Every string that may come from a client or a backend is safe text
-    (``gateway.text``), so the page always encodes."""
+    (``gateway.support.safe_text``), so the page always encodes."""
     notes = notes or {}
     stats = room.stats()
     tally = outcomes or OutcomeTally()

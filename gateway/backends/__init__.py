@@ -2,9 +2,9 @@
 
 from typing import TYPE_CHECKING
 
-from gateway.lazy import export
+from gateway.support.lazy import export
 
-if TYPE_CHECKING:  # at run time each name is imported on first use (gateway/lazy.py)
+if TYPE_CHECKING:  # at run time each name is imported on first use (gateway/support/lazy.py)
     from gateway.backends.client import BackendCallError, BackendClient
     from gateway.backends.registry import Backend, BackendRegistry
 

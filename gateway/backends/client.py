@@ -34,7 +34,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from gateway.backends.liveness import RETRY_FIRST_S, RETRY_MAX_S, Liveness
-from gateway.config import BackendSettings, Timeouts
+from gateway.config.settings import BackendSettings, TimeoutSettings
 from gateway.errors import BackendTimeout, BackendUnavailable, GatewayError
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ async def fetch(
     where: str,
     headers: Mapping[str, str] | None = None,
     json_body: Any = None,
-    timeouts: Timeouts,
+    timeouts: TimeoutSettings,
     timeout_s: float | None = None,
 ) -> bytes:
     """One whole request and answer: the body of a 2xx answer; BackendCallError for anything else. The answer must
@@ -195,7 +195,7 @@ class BackendClient:
         base_url: str,
         *,
         api_key: str | None = None,
-        timeouts: Timeouts | None = None,
+        timeouts: TimeoutSettings | None = None,
         label: str | None = None,
         restart_wait_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
@@ -211,7 +211,7 @@ class BackendClient:
                                if given.password is not None or given.user else None)
         """The URL's own credentials, sent as Basic auth on every call (a backend behind an authenticating proxy)."""
         self._api_key = api_key
-        self.timeouts = timeouts or Timeouts()
+        self.timeouts = timeouts or TimeoutSettings()
         self.label = label or str(self.base_url).rstrip("/")
         self.liveness = Liveness(restart_wait_s, clock)
         """When the backend last answered: whether a refused connection is a restart or a dead backend."""

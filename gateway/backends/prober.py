@@ -17,7 +17,6 @@ from typing import Any
 
 from gateway.backends.client import BackendCallError, BackendClient, find_model
 from gateway.domain import BackendKind
-from gateway.gguf import GgufSummary, read_gguf
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.common import ProfileError
 from gateway.memory.sources.llamacpp import (
@@ -37,7 +36,8 @@ from gateway.memory.sources.ollama import (
     parse_tags,
     profile_from_show,
 )
-from gateway.single_flight import SingleFlight
+from gateway.support.gguf_reader import GgufSummary, read_gguf
+from gateway.support.single_flight import SingleFlight
 
 RECENT_PROBE_S = 2.0
 """A model list or profile read this recently answers a request too: a burst of requests probes once, not once each.

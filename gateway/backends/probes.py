@@ -19,7 +19,7 @@ from gateway.backends.prober import LlamaServerProber, OllamaProber, ProbeError
 from gateway.domain import BackendKind
 from gateway.memory.presets import find_preset, preset_profile
 from gateway.memory.profile import ModelProfile
-from gateway.memory.sources.gguf import profile_from_gguf
+from gateway.memory.sources.gguf_file import profile_from_gguf
 from gateway.memory.sources.llamacpp import ServerProps
 from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import CachedVramSource, StaticVramSource, VramReading, VramSource

@@ -14,11 +14,11 @@ from yarl import URL
 
 from gateway.backends import models
 from gateway.backends.client import BackendCallError, BackendClient, BackendUnreachable, find_model
-from gateway.config import BackendSettings, Settings
+from gateway.config.settings import BackendSettings, Settings
 from gateway.domain import BackendKind
 from gateway.errors import InvalidField, ModelNotFound
 from gateway.observability.logs import sanitize
-from gateway.single_flight import SingleFlight
+from gateway.support.single_flight import SingleFlight
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import orjson
 from gateway.dialects import anthropic, llamacpp, ollama, openai
 from gateway.domain import Dialect, Operation, ParsedRequest
 from gateway.errors import BadRequest, GatewayError
-from gateway.text import safe_text
+from gateway.support.safe_text import safe_text
 
 __all__ = ["decode_body", "error_body", "parse", "stream_error_event"]
 

@@ -12,7 +12,7 @@ import orjson
 from gateway.dialects import fields
 from gateway.domain import Dialect, FieldPath, Operation, ParsedRequest, Prompt
 from gateway.errors import GatewayError
-from gateway.tokens.text import content_text
+from gateway.tokens.countable_text import content_text
 
 _TYPES = {
     401: "authentication_error",

@@ -18,7 +18,7 @@ from typing import Any
 
 from gateway.dialects import fields
 from gateway.domain import Prompt
-from gateway.tokens.text import json_text
+from gateway.tokens.countable_text import json_text
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "refusal"})
 

@@ -2,7 +2,7 @@
 
 A request too long for the context meets its policy's remedies in order (``gateway.admission.admit``):
 
-    summarize   the oldest turns become one summary message (``gateway.fitting.summarize``), written by
+    summarize   the oldest turns become one summary message (``gateway.fitting.summary_fit``), written by
                 ``summary_model``; skipped for a request that has no turns to spare, for kvgate's own summary
                 requests (never summarized themselves), and when no summary model is configured
     trim        the oldest whole turns are dropped (``gateway.fitting.trim``); a prompt (/api/generate,
@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from gateway.backends.client import find_model
-from gateway.config import Settings
-from gateway.config_fitting import FittingOverrides, Remedy
+from gateway.config.fitting import FittingOverrideSettings, Remedy
+from gateway.config.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ class FitPolicy:
         return replace(self, remedies=("refuse",), notice=False)
 
 
-def _apply(policy: FitPolicy, overrides: FittingOverrides) -> FitPolicy:
+def _apply(policy: FitPolicy, overrides: FittingOverrideSettings) -> FitPolicy:
     changes = {name: value for name, value in overrides.model_dump().items() if value is not None}
     if "remedies" in changes:
         changes["remedies"] = tuple(changes["remedies"])

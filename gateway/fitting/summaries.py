@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from gateway.domain import Dialect
 from gateway.fitting.policy import FitPolicy
-from gateway.fitting.summarize import (
+from gateway.fitting.summary_fit import (
     SUMMARY_NO_FIT,
     Message,
     Summarized,
@@ -25,7 +25,7 @@ from gateway.fitting.summarize import (
     summarize_history,
     summary_key,
 )
-from gateway.fitting.summarizer import Summarizer
+from gateway.fitting.summary_writer import Summarizer
 
 
 class Summaries:

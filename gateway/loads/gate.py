@@ -47,7 +47,7 @@ from gateway.backends import Backend
 from gateway.backends.client import canonical_model, find_model, name_candidates, same_model
 from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
-from gateway.config import ModelSettings, Settings
+from gateway.config.settings import ModelSettings, Settings
 from gateway.domain import BackendKind
 from gateway.errors import LoadRefused
 from gateway.loads.gpu_ledger import GpuBudget, GpuEntry, LoadReservations
@@ -67,7 +67,7 @@ from gateway.memory.load_cost import estimate_load_cost
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.ollama import default_context_tokens
 from gateway.memory.vram import VramUnavailable
-from gateway.single_flight import SingleFlight
+from gateway.support.single_flight import SingleFlight
 
 log = logging.getLogger(__name__)
 

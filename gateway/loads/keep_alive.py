@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from gateway.config_residency import ClientKeepAlive
+from gateway.config.residency import ClientKeepAlive
 from gateway.errors import BadRequest
 
 HEADER = "X-Kvgate-Keep-Alive"

@@ -27,7 +27,7 @@ from yarl import URL
 
 from gateway.backends import Backend
 from gateway.loads.plan import LoadAction, LoadAsk, LoadDecision, ResidentState, unload_candidates
-from gateway.memory.estimate import estimate, ram_check
+from gateway.memory.fit_estimate import estimate, ram_check
 from gateway.memory.host_ram import RamVerdict, read_host_ram
 from gateway.memory.profile import ModelProfile
 

@@ -6,7 +6,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway.headers import downstream_response_headers
+from gateway.edge.headers import downstream_response_headers
 from gateway.loads.oom import MAX_ERROR_BYTES, GpuOutOfMemory, names_gpu_oom
 
 

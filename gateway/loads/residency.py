@@ -21,7 +21,7 @@ from typing import Any
 
 from gateway.backends.client import same_model
 from gateway.loads.gpu_ledger import FitVerdict, plan_load
-from gateway.memory.estimate import Estimate, available_cap_bytes
+from gateway.memory.fit_estimate import Estimate, available_cap_bytes
 from gateway.memory.kv import CacheType
 from gateway.memory.load_cost import Calibration, calibrate_from_ps, estimate_load_cost
 from gateway.memory.profile import ModelProfile

@@ -35,9 +35,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.memory.estimate_table import format_bytes
 from gateway.memory.kv import CacheType, ShapeError, ollama_kv_cache_bytes
 from gateway.memory.profile import ModelProfile
-from gateway.memory.render import format_bytes
 from gateway.memory.sources.ollama import LoadedModel
 
 MAX_SLOTS = 32

@@ -18,9 +18,9 @@ import aiohttp
 from yarl import URL
 
 from gateway.backends.client import BackendCallError, fetch
-from gateway.config import Timeouts
+from gateway.config.settings import TimeoutSettings
 from gateway.memory.vram import Clock, DeviceMemory, VramReading, VramUnavailable
-from gateway.redact import mask_url
+from gateway.support.redact import mask_url
 
 MIB = 1024 * 1024
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
@@ -113,7 +113,7 @@ class ExporterSource:
     ) -> None:
         self._session = session
         self._url = url
-        self._timeouts = Timeouts(connect_s=timeout_s, first_byte_s=timeout_s)
+        self._timeouts = TimeoutSettings(connect_s=timeout_s, first_byte_s=timeout_s)
         self._clock = clock
 
     async def read(self) -> VramReading:

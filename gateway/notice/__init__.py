@@ -19,7 +19,7 @@ from gateway.admission.outcome import AdmissionOutcome
 from gateway.domain import ParsedRequest
 from gateway.notice.shapes import Shape, add_to_reply, shape_of, withheld
 from gateway.notice.stream import NoticeStream
-from gateway.notice.text import notice_line
+from gateway.notice.words import notice_line
 
 __all__ = ["Notice", "NoticeStream", "reply_notice"]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from gateway.headers import NDJSON, SSE
+from gateway.edge.headers import NDJSON, SSE
 from gateway.notice.shapes import Shape, add_to_part
 
 _NDJSON_SHAPES = (Shape.OLLAMA_CHAT, Shape.OLLAMA_GENERATE)

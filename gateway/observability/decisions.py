@@ -7,7 +7,7 @@ to the loaded context), clamped (an output limit lowered: ``max_tokens``...), tr
 kvgate itself (``refusal`` set), the most telling one named (the counts of each are ``outcomes.OutcomeTally``). A
 request that never reached admission and was not refused (a model listing, a backend that failed) is no decision and
 is left out. An entry holds kvgate's own words (the outcome's notes, the refusal's message) and names (tenant,
-backend, model, request id), never message contents or keys; every string is safe text (``gateway.text``).
+backend, model, request id), never message contents or keys; every string is safe text (``gateway.support.safe_text``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gateway.admission.outcome import AdmissionDecision, AdmissionOutcome
-from gateway.text import safe_text
+from gateway.support.safe_text import safe_text
 
 RECENT_DECISIONS = 200
 MAX_REASON_CHARS = 500

@@ -18,7 +18,7 @@ from gateway.backends.probes import BackendProbes
 from gateway.loads.gate import LoadCounts
 from gateway.loads.gpu_ledger import GpuBoard, GpuBudget, GpuEntry, LoadReservations
 from gateway.loads.gpu_reading import read_gpu_entry
-from gateway.text import safe_text
+from gateway.support.safe_text import safe_text
 
 
 async def refresh_gpus(

@@ -35,7 +35,7 @@ the waiting room when scraped (``GET /kvgate/metrics``), so they can never drift
     kvgate_gpu_reserved_bytes{backend}                   held for model loads in flight
     kvgate_gpu_free_bytes{backend}                       total - resident - other - reserved, at least 0
     kvgate_gpu_overcommitted{backend}                    1 when resident + other + reserved exceed the total
-    kvgate_config_reloads_total{outcome}                 configuration reloads: ok | refused (gateway/reload.py)
+    kvgate_config_reloads_total{outcome}                 configuration reloads: ok | refused (gateway/config/reload.py)
     kvgate_backend_out{backend}                          1 while routing holds a failed backend out (gateway/routing/)
     kvgate_backend_outages_total{backend}                times it was taken out
     kvgate_route_retries_total{backend}                  requests moved to another backend after it failed
@@ -44,8 +44,8 @@ GPU gauges come from the last budget the app computed (on a status read, and in 
 during a scrape. Every ``model`` label is bounded: pool labels are pool keys, the truncation counter's is the name
 the backend lists (``truncations.model_label``), the GPU ledger's the names the backend lists as resident, never a
 client's string as sent; every ``tenant`` label a configured name, ``anonymous``, ``kvgate-summarizer`` or "-" (no
-tenant: a bad key). Every label value is safe text (``gateway.text.safe_text``): one that could not be encoded
-would fail every later scrape.
+tenant: a bad key). Every label value is safe text (``gateway.support.safe_text.safe_text``): one that could not be
+encoded would fail every later scrape.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from prometheus_client.registry import Collector
 from gateway.admission import PoolKey, PoolSpec, WaitingRoom
 from gateway.admission.outcome import AdmissionOutcome
 from gateway.fitting.summaries import Summaries
-from gateway.fitting.summarize import SUMMARY_FAILURES
+from gateway.fitting.summary_fit import SUMMARY_FAILURES
 from gateway.loads.gate import LoadCounts
 from gateway.loads.gpu_ledger import GpuBoard
 from gateway.observability.decisions import DecisionLog
@@ -68,7 +68,7 @@ from gateway.observability.outcomes import QUEUE_REASONS, OutcomeTally, request_
 from gateway.observability.prompts_seen import LongestPrompts
 from gateway.observability.tenant_usage import UNIDENTIFIED, TenantUsage
 from gateway.observability.truncations import TruncationLog
-from gateway.text import safe_text
+from gateway.support.safe_text import safe_text
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

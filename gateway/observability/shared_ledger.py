@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.admission.shared.pools import SharedPools
+from gateway.admission.shared.shared_pools import SharedPools
 
 
 class SharedLedgerCollector(Collector):

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gateway.admission.errors import CLIENT_CLOSED, AdmissionRejected
+from gateway.admission.rejections import CLIENT_CLOSED, AdmissionRejected
 from gateway.errors import BadRequest, GatewayError, LoadRefused, RateLimited, ServerBusy
 
 UNIDENTIFIED = "-"

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gateway.backends.client import name_candidates
-from gateway.text import safe_text
+from gateway.support.safe_text import safe_text
 
 RECENT_EVENTS = 20
 OTHER_MODEL = "other"

@@ -29,7 +29,7 @@ from gateway.admission import PoolSpec
 from gateway.admission.admit import Admitter
 from gateway.admission.types import PoolKey
 from gateway.backends import Backend
-from gateway.config_routing import RoutingConfig
+from gateway.config.routing import RoutingSettings
 from gateway.domain import BackendKind, ParsedRequest
 from gateway.errors import GatewayError
 from gateway.loads.preview import LoadPreview, PreviewVerdict
@@ -74,7 +74,7 @@ class RoutePlan:
     order: list[tuple[Backend, Ranked]]
     key: str | None
     need_tokens: int
-    config: RoutingConfig
+    config: RoutingSettings
     models: dict[str, str] = field(default_factory=dict)
     """The model each backend names it by (the pending hold's and the service time's key)."""
     sequences: int = 1
@@ -167,7 +167,7 @@ class Router:
         self.service_times = ServiceTimes()
         self.retries_total: dict[str, int] = {}
 
-    async def plan(self, parsed: ParsedRequest, backends: list[Backend], config: RoutingConfig,
+    async def plan(self, parsed: ParsedRequest, backends: list[Backend], config: RoutingSettings,
                    default_output_tokens: int) -> RoutePlan:
         """The order to try ``backends`` in for ``parsed`` (one backend: that one, nothing read)."""
         need = parsed.sequences * (prompt_bytes(parsed.prompt_input) // BYTES_PER_TOKEN_GUESS
@@ -190,7 +190,7 @@ class Router:
         plan._hold(ranked[0].name)
         return plan
 
-    def failed(self, backend: str, reason: str, config: RoutingConfig) -> None:
+    def failed(self, backend: str, reason: str, config: RoutingSettings) -> None:
         self.outages.failed(backend, reason, down_s=config.down_s, max_down_s=config.max_down_s)
 
     def status(self, backend: str) -> dict[str, object]:
@@ -205,7 +205,7 @@ class Router:
         }
 
     def _view(self, backend: Backend, model: str, look: _Look, need_tokens: int, sequences: int,
-              config: RoutingConfig) -> CandidateView:
+              config: RoutingSettings) -> CandidateView:
         """The backend as rank.py weighs it: its pool's slots, busy sequences and free tokens (with what is on its
         way there), the requests ahead not admitted yet, and the learned service and load times."""
         pending = self.pending.get((backend.name, model), _Pending())
@@ -224,7 +224,7 @@ class Router:
             free_tokens=pool.pool_tokens - snapshot.reserved_tokens - pending.tokens,
         )
 
-    def _load(self, backend: Backend, model: str, look: _Look, config: RoutingConfig) -> LoadCost | None:
+    def _load(self, backend: Backend, model: str, look: _Look, config: RoutingSettings) -> LoadCost | None:
         """What a load of ``model`` on ``backend`` would take, with its expected seconds; None when resident."""
         if look.resident:
             return None
@@ -250,7 +250,7 @@ class Router:
                      if name != backend.name and other == model]
         return min(elsewhere) if elsewhere else 1
 
-    async def _look(self, backend: Backend, name: str, config: RoutingConfig) -> _Look:
+    async def _look(self, backend: Backend, name: str, config: RoutingSettings) -> _Look:
         """What the backend looks like for ``model``: its pool when kvgate knows it (a llama-server or configured
         server not probed yet gets ``probe_wait_s``); an Ollama model's only while resident (probing it would load
         it), else what loading it would take (``Admitter.load_preview``, within ``probe_wait_s``)."""

@@ -10,9 +10,9 @@ Public entry points (see each module):
 
 from typing import TYPE_CHECKING
 
-from gateway.lazy import export
+from gateway.support.lazy import export
 
-if TYPE_CHECKING:  # at run time each name is imported on first use (gateway/lazy.py)
+if TYPE_CHECKING:  # at run time each name is imported on first use (gateway/support/lazy.py)
     from gateway.tokens.chain import CounterChain
     from gateway.tokens.count import Calibrating, Counter, CounterUnavailable, TokenCount
     from gateway.tokens.factory import CountingSettings, build_counter_chain

@@ -24,8 +24,8 @@ from typing import Any
 
 from gateway.backends.client import BackendCallError, BackendClient, BackendStatusError
 from gateway.tokens.count import CounterUnavailable, Message, TokenCount, Tool
+from gateway.tokens.countable_text import ByteText, decode_text
 from gateway.tokens.llama_server_counter import LlamaServerCounter
-from gateway.tokens.text import ByteText, decode_text
 
 NO_ROUTE_STATUSES = frozenset({404, 405, 501})
 """Statuses that mean "no such endpoint here": remembered, and the chain falls back quietly."""

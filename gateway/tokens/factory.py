@@ -11,9 +11,9 @@ from pathlib import Path
 from gateway.backends.client import BackendClient
 from gateway.domain import BackendKind
 from gateway.tokens.backend_tokenize import BackendTokenizeCounter, TokenizeEndpoints
+from gateway.tokens.byte_estimate import EstimateCounter
 from gateway.tokens.chain import CounterChain
 from gateway.tokens.count import Counter
-from gateway.tokens.estimate import EstimateCounter
 from gateway.tokens.llama_server_counter import LlamaServerCounter
 from gateway.tokens.message_cache import CountCache
 from gateway.tokens.overhead import OverheadEstimator

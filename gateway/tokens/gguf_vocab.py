@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 import tokenizers
 
-from gateway.gguf import GgufFormatError, read_gguf_metadata
+from gateway.support.gguf_reader import GgufFormatError, read_gguf_metadata
 from gateway.tokens.pretokenizers import PreTokenizerSpec, pre_tokenizer_spec
 from gateway.tokens.spm_merges import spm_merges
 from gateway.tokens.tokenizer_cache import FileIdentity, TokenizerCache

@@ -14,8 +14,8 @@ from typing import Any
 
 from gateway.backends.client import BackendCallError, BackendClient
 from gateway.tokens.count import CounterUnavailable, Message, TokenCount, Tool
+from gateway.tokens.countable_text import ByteText, decode_text
 from gateway.tokens.templates import detect_template
-from gateway.tokens.text import ByteText, decode_text
 
 
 async def probe_chat_template(client: BackendClient, *, timeout_s: float = 10.0) -> str | None:

@@ -24,7 +24,7 @@ import logging
 from collections import OrderedDict
 
 from gateway.backends import Backend
-from gateway.config import Settings
+from gateway.config.settings import Settings
 from gateway.domain import KV_OPERATIONS, NO_OUTPUT_OPERATIONS, BackendKind, ParsedRequest, Prompt
 from gateway.tokens import (
     CounterChain,
@@ -35,7 +35,7 @@ from gateway.tokens import (
     count_prompt,
 )
 from gateway.tokens.backend_tokenize import TokenizeEndpoints
-from gateway.tokens.estimate import EstimateCounter
+from gateway.tokens.byte_estimate import EstimateCounter
 from gateway.tokens.llama_server_counter import probe_chat_template
 from gateway.tokens.request_count import prompt_bytes
 from gateway.tokens.tokenizing_budget import TokenizingBudget

@@ -18,9 +18,9 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.domain import Prompt
+from gateway.tokens.byte_estimate import utf8_length
 from gateway.tokens.count import Counter, Message, TokenCount
-from gateway.tokens.estimate import utf8_length
-from gateway.tokens.text import content_text, json_text
+from gateway.tokens.countable_text import content_text, json_text
 
 
 async def count_prompt(prompt: Prompt, counter: Counter) -> TokenCount:

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from gateway.tokens.count import Message, Tool
-from gateway.tokens.text import content_text
+from gateway.tokens.countable_text import content_text
 from gateway.tokens.tojson import llama_tojson
 
 _TRIM = " \t\n\v\f\r"  # C isspace(): what the Jinja `trim` filter strips in llama.cpp

@@ -18,7 +18,7 @@ from pathlib import Path
 import tiktoken
 
 from gateway.tokens.count import CounterUnavailable, Message, TokenCount, Tool
-from gateway.tokens.text import ByteText, content_text, count_content_images, decode_text, json_text
+from gateway.tokens.countable_text import ByteText, content_text, count_content_images, decode_text, json_text
 
 _BLOB = "https://openaipublic.blob.core.windows.net/encodings/"
 _ENDOFTEXT, _FIM_PREFIX, _FIM_MIDDLE, _FIM_SUFFIX, _ENDOFPROMPT = (

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from gateway.tokens.count import CounterUnavailable, Message, TokenCount, Tool
+from gateway.tokens.countable_text import ByteText, content_text, count_content_images, decode_text, json_text
 from gateway.tokens.engine import TokenizerEngine
 from gateway.tokens.gotemplate import OllamaTemplate
 from gateway.tokens.gotemplate import TemplateError as GoTemplateError
@@ -31,7 +32,6 @@ from gateway.tokens.message_cache import CountCache
 from gateway.tokens.overhead import OverheadEstimator
 from gateway.tokens.sources import OllamaChatTemplate, SourceUnavailable, TokenizerSource
 from gateway.tokens.templates import TemplateError, detect_template, render
-from gateway.tokens.text import ByteText, content_text, count_content_images, decode_text, json_text
 
 AUTO_TEMPLATE = "auto"  # use the family of the chat template found in the GGUF, if any
 

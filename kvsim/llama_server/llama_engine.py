@@ -24,7 +24,7 @@ import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from gateway.gguf import read_gguf_metadata
+from gateway.support.gguf_reader import read_gguf_metadata
 from kvsim.catalog import ModelSpec
 from kvsim.clock import Clock
 from kvsim.config import SimConfig

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.gguf import read_gguf_metadata
+from gateway.support.gguf_reader import read_gguf_metadata
 from kvsim.catalog import ModelSpec, lookup, model_info
 from kvsim.clock import go_time
 from kvsim.failures import SimError

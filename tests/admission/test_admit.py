@@ -15,14 +15,14 @@ import pytest
 from gateway import dialects
 from gateway.admission import AdmissionRejected, Ledger, LedgerSnapshot, PoolSpec, WaitingRoom
 from gateway.admission.admit import Admitter
+from gateway.admission.kv_pools import PoolDirectory
 from gateway.admission.outcome import AdmissionDecision, Admitted, Reserved, Trim, response_headers
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
-from gateway.admission.pools import PoolDirectory
-from gateway.admission.tenants import Tenant
+from gateway.admission.tenant_keys import Tenant
 from gateway.backends import Backend
 from gateway.backends.client import BackendClient
 from gateway.backends.probes import BackendProbes
-from gateway.config import load_settings
+from gateway.config.settings import load_settings
 from gateway.domain import BackendKind, Dialect, Operation, ParsedRequest
 from gateway.errors import BadRequest
 from gateway.memory.profile import ModelProfile

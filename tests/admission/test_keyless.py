@@ -11,8 +11,8 @@ import pytest
 
 from gateway.admission.keyless import keyless_caps_line
 from gateway.admission.rates import RateLimit
-from gateway.admission.tenants import ANONYMOUS, Tenant, TenantDirectory
-from gateway.config import load_settings
+from gateway.admission.tenant_keys import ANONYMOUS, Tenant, TenantDirectory
+from gateway.config.settings import load_settings
 
 BACKENDS = [{"name": "b", "url": "http://127.0.0.1:9"}]
 TENANTS: dict[str, Any] = {

@@ -19,7 +19,7 @@ from gateway.admission.outcome import (
     response_headers,
 )
 from gateway.app import METRICS, create_app, start_server
-from gateway.config import load_settings
+from gateway.config.settings import load_settings
 from gateway.observability.metrics import Metrics, record
 from gateway.tokens import TokenCount
 from tests.support.fake_backend import FakeLLM, running

@@ -6,12 +6,12 @@ from typing import cast
 
 import pytest
 
-from gateway.admission.pools import PoolDirectory
+from gateway.admission.kv_pools import PoolDirectory
 from gateway.backends import Backend
 from gateway.backends.client import BackendClient
 from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
-from gateway.config import BackendSettings, load_settings
+from gateway.config.settings import BackendSettings, load_settings
 from gateway.errors import BackendNotReady
 from gateway.memory.presets import preset_profile
 from gateway.memory.profile import ModelProfile

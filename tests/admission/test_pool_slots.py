@@ -12,7 +12,7 @@ import pytest
 from gateway.admission.pool_slots import SlotBook
 from gateway.backends import Backend
 from gateway.backends.client import BackendClient
-from gateway.config import load_settings
+from gateway.config.settings import load_settings
 from gateway.memory.ollama_slots import SlotInference
 from gateway.memory.presets import preset_profile
 
@@ -51,7 +51,7 @@ def test_settle(name: str, fields: dict[str, Any], inferred: SlotInference | Non
 def test_a_disagreement_is_cleared_when_the_size_agrees_again_and_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="gateway.admission.pools")
+    caplog.set_level(logging.INFO, logger="gateway.admission.kv_pools")
     book, configured = SlotBook(), backend(parallel=1)
     for _ in range(3):
         book.settle(configured, MODEL, TWO)
@@ -62,7 +62,7 @@ def test_a_disagreement_is_cleared_when_the_size_agrees_again_and_logged_once(
 
 
 def test_logged_once_per_change_with_how_to_set_it(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="gateway.admission.pools")
+    caplog.set_level(logging.INFO, logger="gateway.admission.kv_pools")
     book, unset = SlotBook(), backend()
     book.settle(unset, MODEL, TWO)
     book.settle(unset, MODEL, TWO)

@@ -10,12 +10,12 @@ from typing import Any, cast
 import pytest
 
 from gateway.admission import PoolSpec
-from gateway.admission.pools import PoolDirectory
+from gateway.admission.kv_pools import PoolDirectory
 from gateway.backends import Backend
 from gateway.backends.client import BackendClient
 from gateway.backends.prober import ProbeError
 from gateway.backends.probes import BackendProbes
-from gateway.config import Settings, load_settings
+from gateway.config.settings import Settings, load_settings
 from gateway.domain import BackendKind
 from gateway.errors import BackendNotReady
 from gateway.memory.profile import ModelProfile

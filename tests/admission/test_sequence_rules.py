@@ -8,7 +8,7 @@ from gateway import dialects
 from gateway.admission import PoolSpec
 from gateway.admission.admit import request_cost
 from gateway.admission.sequence_rules import RULES, completions_run, ignored_n_note, reserves_kv
-from gateway.admission.tenants import Tenant
+from gateway.admission.tenant_keys import Tenant
 from gateway.domain import BackendKind, Dialect, Operation
 from gateway.errors import InvalidField
 from gateway.tokens import TokenCount

@@ -28,8 +28,8 @@ from gateway.admission import (
     plan,
 )
 from gateway.admission.planner import TENANT_SHARE_EXCEEDED, tenant_share_tokens
-from gateway.admission.tenants import TenantDirectory
-from gateway.config import Settings, TenantSettings
+from gateway.admission.tenant_keys import TenantDirectory
+from gateway.config.settings import Settings, TenantSettings
 from gateway.domain import BackendKind
 from tests.support.clock import FakeClock
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gateway.admission import tenants as tenants_module
-from gateway.admission.tenants import ANONYMOUS, Tenant, TenantDirectory, presented_key
-from gateway.config import ConfigError, load_settings
+from gateway.admission import tenant_keys as tenants_module
+from gateway.admission.tenant_keys import ANONYMOUS, Tenant, TenantDirectory, presented_key
+from gateway.config.settings import ConfigError, load_settings
 from gateway.errors import Unauthorized
 
 BACKENDS = [{"name": "b", "url": "http://127.0.0.1:9"}]

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gateway.admission import Admit, LedgerSnapshot, Policy, PoolKey, PoolSpec, RequestCost, Rewrites
-from gateway.admission.errors import AdmissionRejected, queue_full
+from gateway.admission.rejections import AdmissionRejected, queue_full
 from gateway.domain import BackendKind
 from gateway.errors import GatewayError
 

@@ -29,7 +29,7 @@ from gateway.backends.client import (
     find_model,
     same_model,
 )
-from gateway.config import BackendSettings, Timeouts
+from gateway.config.settings import BackendSettings, TimeoutSettings
 from gateway.errors import BackendTimeout, BackendUnavailable
 
 KEY = "sk-backend-key"
@@ -99,11 +99,11 @@ async def serving(upstream: Upstream) -> AsyncIterator[str]:
 
 @contextlib.asynccontextmanager
 async def client_for(
-    upstream: Upstream, *, api_key: str | None = KEY, timeouts: Timeouts | None = None
+    upstream: Upstream, *, api_key: str | None = KEY, timeouts: TimeoutSettings | None = None
 ) -> AsyncIterator[BackendClient]:
     async with serving(upstream) as url, aiohttp.ClientSession() as session:
         settings = BackendSettings(name="gpu0", url=url, api_key=SecretStr(api_key) if api_key else None,
-                                   timeouts=timeouts or Timeouts())
+                                   timeouts=timeouts or TimeoutSettings())
         yield BackendClient.for_backend(session, settings)
 
 
@@ -194,7 +194,7 @@ async def test_a_refused_connection_is_unreachable() -> None:
 
 async def test_no_answer_within_first_byte_s_is_a_timeout() -> None:
     upstream = Upstream()
-    async with client_for(upstream, timeouts=Timeouts(first_byte_s=0.1)) as client:
+    async with client_for(upstream, timeouts=TimeoutSettings(first_byte_s=0.1)) as client:
         with pytest.raises(BackendCallTimeout, match=r"sent no response within 0\.1 s \(timeouts\.first_byte_s\)"):
             await client.get_json("/slow")
         with pytest.raises(BackendCallTimeout, match=r"backend 'gpu0' .* within 0\.1 s \(timeouts\.first_byte_s\)"):
@@ -213,7 +213,7 @@ async def test_no_connection_within_connect_s_is_a_timeout() -> None:
         url = "http://{}:{}".format(*listener.getsockname())
         with socket.create_connection(listener.getsockname(), timeout=5):  # fills the queue: later SYNs are dropped
             async with aiohttp.ClientSession() as session:
-                client = BackendClient(session, url, timeouts=Timeouts(connect_s=0.1))
+                client = BackendClient(session, url, timeouts=TimeoutSettings(connect_s=0.1))
                 with pytest.raises(BackendCallTimeout, match=r"did not accept a connection within 0\.1 s"):
                     await client.get_json("/json")
 

@@ -18,7 +18,7 @@ from gateway.backends import Backend
 from gateway.backends.client import BackendClient
 from gateway.backends.prober import ProfileUnderivable
 from gateway.backends.probes import BackendProbes
-from gateway.config import load_settings
+from gateway.config.settings import load_settings
 from gateway.memory.vram import StaticVramSource, VramUnavailable
 from tests.support.fake_backend import FakeLLM, OllamaModels, json_answer, running, serve, text_answer
 

@@ -1,4 +1,4 @@
-"""read_body (gateway/body/reader.py) inside a real aiohttp handler on loopback: plain, chunked, gzip and deflate
+"""read_body (gateway/edge/body/reader.py) inside a real aiohttp handler on loopback: plain, chunked, gzip and deflate
 bodies, the size limit (declared, counted, decoded), and the lease that holds the body's bytes until released."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.body.budget import BodyBudget
-from gateway.body.reader import read_body
+from gateway.edge.body.budget import BodyBudget
+from gateway.edge.body.reader import read_body
 from gateway.errors import GatewayError
 from tests.support.fake_backend import serve
 from tests.support.poll import until

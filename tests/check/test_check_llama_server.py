@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gateway.check import cli as check_cli
-from gateway.cli import build_parser
+from gateway.cli.check import command as check_cli
+from gateway.cli.main import build_parser
 from tests.check.test_check_sim import _host
 from tests.support.llama_server import run_llama_server
 from tests.support.tinymodel import write_tiny_model

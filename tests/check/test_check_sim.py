@@ -12,9 +12,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.check import cli as check_cli
-from gateway.check.readings import HostReadings
-from gateway.cli import build_parser
+from gateway.cli.check import command as check_cli
+from gateway.cli.check.readings import HostReadings
+from gateway.cli.main import build_parser
 from gateway.memory.host_ram import HostRam
 from kvsim.config import SimConfig
 from kvsim.gpu.vgpu import GIB

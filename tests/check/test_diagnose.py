@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from gateway.admission import PoolSpec
-from gateway.check.backend_log import parse_backend_log
-from gateway.check.diagnose import cache_findings, host_findings
-from gateway.check.diagnose_context import pool_findings
-from gateway.check.fixes import Finding, Severity
-from gateway.check.readings import BackendReadings, BackendSettingsSeen, HostReadings, Known, unknown
-from gateway.check.render import exit_code
+from gateway.cli.check.backend_log import parse_backend_log
+from gateway.cli.check.diagnose import cache_findings, host_findings
+from gateway.cli.check.diagnose_context import pool_findings
+from gateway.cli.check.fixes import Finding, Severity
+from gateway.cli.check.readings import BackendReadings, BackendSettingsSeen, HostReadings, Known, unknown
+from gateway.cli.check.report import exit_code
 from gateway.domain import BackendKind
 from gateway.memory.host_ram import HostRam
 from gateway.memory.sources.llamacpp import ServerProps

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.check.signatures import SIGNATURES, classify, match_signatures
+from gateway.cli.check.signatures import SIGNATURES, classify, match_signatures
 
 EXTRA = [  # (line, expected code): real wordings beyond each signature's own example
     ("llama-server reported out-of-memory during startup: ggml_backend_cuda_buffer_type_alloc_buffer: allocating "

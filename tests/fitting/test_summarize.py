@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.fitting.summarize import (
+from gateway.fitting.summary_fit import (
     SUMMARY_PREFIX,
     Summarized,
     SummaryCache,
@@ -340,7 +340,7 @@ async def test_summaries_count_every_failure_by_reason_called_or_not() -> None:
     from gateway.domain import Dialect
     from gateway.fitting.policy import FitPolicy
     from gateway.fitting.summaries import Summaries
-    from gateway.fitting.summarizer import InternalCalls, Summarizer
+    from gateway.fitting.summary_writer import InternalCalls, Summarizer
 
     policy = FitPolicy(remedies=("summarize", "trim"), keep_newest_turns=1, summary_model="m", summary_backend=None,
                        summary_instructions="Summarize.", summary_max_tokens=16, summary_timeout_s=1.0)

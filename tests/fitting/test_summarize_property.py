@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.fitting.summarize import SUMMARY_PREFIX, Summarized, SummaryCache, summarize_history, summary_key
+from gateway.fitting.summary_fit import SUMMARY_PREFIX, Summarized, SummaryCache, summarize_history, summary_key
 from tests.fitting.test_trim_property import Conversation, _cuts, _is_system, conversations
 
 Message = dict[str, Any]

@@ -48,10 +48,10 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from gateway.body.budget import BodyBudget, fits
-from gateway.body.encoding import BodyDecoder, coding_of
+from gateway.edge.body.budget import BodyBudget, fits
+from gateway.edge.body.encoding import BodyDecoder, coding_of
+from gateway.edge.headers import upstream_request_headers
 from gateway.errors import BadRequest, PayloadTooLarge, ServerBusy, UnsupportedMediaType
-from gateway.headers import upstream_request_headers
 from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
 from tests.tokens.vocab_vectors import SESSION_CACHE_DIR, vocab_path, warmed_cache_dir
@@ -511,7 +511,7 @@ async def test_a_prompt_over_the_exact_count_bound_is_estimated_and_admitted() -
 
 async def test_counter_chains_for_unlisted_names_are_bounded() -> None:
     from gateway.app import PROMPT_COUNTER, create_app, start_server
-    from gateway.config import load_settings
+    from gateway.config.settings import load_settings
     from gateway.tokens.prompt_counter import UNLISTED_CHAINS
 
     async with running(FakeLLM()) as fake:

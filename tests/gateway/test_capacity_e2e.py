@@ -85,7 +85,7 @@ def _pool(status: dict[str, Any]) -> dict[str, Any]:
 async def test_kvgate_with_only_the_url_runs_as_many_sequences_as_ollama(
     parallel: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="gateway.admission.pools")
+    caplog.set_level(logging.INFO, logger="gateway.admission.kv_pools")
     async with _ollama(parallel) as sim, running_gateway([{"name": "ollama", "url": sim}]) as url:
         answers, peak = await _burst(url, 2 * parallel)
         pool = _pool(await _get(url, "/kvgate/status"))
@@ -133,7 +133,7 @@ async def test_after_a_reload_at_another_context_the_slots_are_read_again() -> N
 async def test_a_configured_parallel_wins_and_a_size_that_disagrees_is_reported(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="gateway.admission.pools")
+    caplog.set_level(logging.INFO, logger="gateway.admission.kv_pools")
     async with _ollama(2) as sim, running_gateway([{"name": "ollama", "url": sim, "parallel": 1}]) as url:
         _, peak = await _burst(url, 2)
         status = await _get(url, "/kvgate/status")
@@ -149,7 +149,7 @@ async def test_where_kvgate_cannot_tell_it_says_what_it_assumed_and_how_to_set_i
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Ollama before v0.30 reports estimates in /api/ps: nothing is read from them, one slot is assumed, said so."""
-    caplog.set_level(logging.INFO, logger="gateway.admission.pools")
+    caplog.set_level(logging.INFO, logger="gateway.admission.kv_pools")
     runner, sim = await start_sim(SimConfig(models=(MODEL,), num_parallel=2, era="e2", context_length=4096,
                                             load_s=0.1, time_scale=20.0))
     try:

@@ -1,4 +1,4 @@
-"""Issue 10, point 2: deadlines on the client side (gateway/serving.py, gateway/streaming.py).
+"""Issue 10, point 2: deadlines on the client side (gateway/edge/serving.py, gateway/streaming.py).
 
 - Slowloris: ``kvgate serve`` in a process limited to 512 open files, 250 connections (past the default cap of
   192) or 500 (past the file limit, without a cap) sending their headers a byte at a time (a client whose SYN the

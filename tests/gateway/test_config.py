@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import build_parser, main, settings_from_args
-from gateway.config import DEFAULT_PORT, ConfigError, load_settings, parse_backend_flag
+from gateway.cli.main import build_parser, main, settings_from_args
+from gateway.config.settings import DEFAULT_PORT, ConfigError, load_settings, parse_backend_flag
 from gateway.domain import BackendKind
 
 TOML = """

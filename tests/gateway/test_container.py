@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 import yaml
 
-from gateway.config import load_settings
+from gateway.config.settings import load_settings
 from tests.support.gateway_server import running_gateway
 
 ROOT = Path(__file__).parents[2]

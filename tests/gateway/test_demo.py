@@ -12,8 +12,8 @@ import io
 
 import pytest
 
-from gateway.cli import build_parser
-from gateway.demo_cli import run
+from gateway.cli.demo import run
+from gateway.cli.main import build_parser
 from kvsim.config import SimConfig
 from kvsim.workload import workload
 from tests.tokens.vocab_vectors import warm_sim_tokenizers

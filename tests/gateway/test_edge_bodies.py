@@ -10,7 +10,7 @@ import json
 import aiohttp
 import pytest
 
-from gateway.body.budget import BodyBudget
+from gateway.edge.body.budget import BodyBudget
 from gateway.errors import ServerBusy
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway

@@ -1,4 +1,4 @@
-"""Issue 23, point 2: every client's share of the connections bounded (gateway/serving.py, gateway/edge_limits.py).
+"""Issue 23, point 2: every client's share of the connections bounded (gateway/edge/serving.py, gateway/edge/limits.py).
 
 - Slow bodies (a byte now and then) hold every connection slot: at ``server.max_connections`` the slowest body is
   closed to make room, so legitimate requests are answered, on a route kvgate reads whole and on one streamed
@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 
-from gateway.edge_limits import body_too_slow, slowest
+from gateway.edge.limits import body_too_slow, slowest
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
 

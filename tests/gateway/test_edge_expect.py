@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gateway.expect import expect_problem
+from gateway.edge.expect import expect_problem
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.edge_limits import FD_RESERVE, near_fd_limit
+from gateway.edge.limits import FD_RESERVE, near_fd_limit
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.poll import until
 

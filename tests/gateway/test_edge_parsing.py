@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.body.json_bound import decode_bounded, json_elements
+from gateway.edge.body.json_bound import decode_bounded, json_elements
 from gateway.errors import PayloadTooLarge
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from gateway.routes import ROUTES, Handling
+from gateway.edge.routes import ROUTES, Handling
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
 

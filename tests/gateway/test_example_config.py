@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from gateway.config import BackendSettings, Settings, load_settings
+from gateway.config.settings import BackendSettings, Settings, load_settings
 
 EXAMPLE = Path(__file__).parents[2] / "config" / "kvgate.toml"
 

@@ -9,8 +9,8 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.cli import build_parser
-from gateway.memory import estimate_cli
+from gateway.cli import estimate as estimate_cli
+from gateway.cli.main import build_parser
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
 from tests.support.poll import until

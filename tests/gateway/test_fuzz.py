@@ -44,8 +44,8 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from gateway.domain import Dialect
+from gateway.edge.routes import ROUTES, fallback_dialect
 from gateway.observability.logs import JsonFormatter, RequestIdFilter, TextFormatter
-from gateway.routes import ROUTES, fallback_dialect
 from tests.support.fake_backend import MODELS, FakeLLM, running
 from tests.support.gateway_server import running_gateway
 

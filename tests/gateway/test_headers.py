@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.headers import (
+from gateway.edge.headers import (
     HOP_BY_HOP,
     NDJSON,
     REQUEST_ID,

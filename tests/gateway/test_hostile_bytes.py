@@ -15,18 +15,18 @@ from hypothesis import strategies as st
 from gateway import dialects
 from gateway.admission import Ledger, PoolKey, WaitingRoom
 from gateway.admission.outcome import AdmissionOutcome, Reserved
-from gateway.admission.tenants import ANONYMOUS, TenantDirectory
+from gateway.admission.tenant_keys import ANONYMOUS, TenantDirectory
 from gateway.api.kvgate import status_html
 from gateway.backends.client import BackendClient
 from gateway.backends.registry import Backend
-from gateway.config import BackendSettings, load_settings
+from gateway.config.settings import BackendSettings, load_settings
 from gateway.domain import Dialect, Operation
+from gateway.edge.targets import target_problem
 from gateway.errors import BadRequest, InvalidField, Unauthorized
 from gateway.fitting.rewrite import encode_body
 from gateway.observability.metrics import Metrics, record
 from gateway.observability.truncations import TruncationLog
-from gateway.targets import target_problem
-from gateway.text import safe_text
+from gateway.support.safe_text import safe_text
 from gateway.tokens import TokenCount
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway

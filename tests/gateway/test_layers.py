@@ -1,8 +1,8 @@
 """Issue 24, point 6 (its import half): the pure layers load no I/O. Importing the domain, the dialects, the
 planner, trimming and summarizing, or the memory math loads neither aiohttp nor asyncio nor redis; kvsim loads of the
 gateway only the GGUF reader and the tokenizer conversion. Each import runs in a fresh interpreter. Before the package
-facades became lazy (gateway/lazy.py): ``import gateway.dialects`` loaded 59 gateway modules and aiohttp, the planner
-redis and asyncio, kvsim 51 gateway modules."""
+facades became lazy (gateway/support/lazy.py): ``import gateway.dialects`` loaded 59 gateway modules and aiohttp,
+the planner redis and asyncio, kvsim 51 gateway modules."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import pytest
 
 HEAVY = ("aiohttp", "asyncio", "redis")
 PURE = ["gateway.domain", "gateway.dialects", "gateway.admission.planner", "gateway.fitting.trim",
-        "gateway.fitting.summarize", "gateway.memory.kv", "gateway.memory.estimate"]
-KVSIM_MAY_LOAD = {"gateway", "gateway.gguf", "gateway.lazy", "gateway.tokens", "gateway.tokens.gguf_vocab",
-                  "gateway.tokens.pretokenizers", "gateway.tokens.spm_merges", "gateway.tokens.tokenizer_cache",
+        "gateway.fitting.summary_fit", "gateway.memory.kv", "gateway.memory.fit_estimate"]
+KVSIM_MAY_LOAD = {"gateway", "gateway.support", "gateway.support.gguf_reader", "gateway.support.lazy", "gateway.tokens",
+                  "gateway.tokens.gguf_vocab", "gateway.tokens.pretokenizers", "gateway.tokens.spm_merges",
+                  "gateway.tokens.tokenizer_cache",
                   "gateway.tokens.vocab_attrs"}
 
 

@@ -26,7 +26,7 @@ import pytest
 from aiohttp import web
 
 from gateway.app import POOLS, create_app, start_server
-from gateway.config import load_settings
+from gateway.config.settings import load_settings
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
 from tests.support.fake_backend import FakeLLM, Script, running

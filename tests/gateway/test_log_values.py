@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from gateway.app import create_app, start_server
-from gateway.config import load_settings
+from gateway.config.settings import load_settings
 from gateway.observability.logs import RequestIdFilter, TextFormatter, logfmt_value
 from tests.support.fake_backend import FakeLLM, running
 

@@ -18,7 +18,7 @@ import orjson
 import pytest
 from openai import AsyncOpenAI, BadRequestError
 
-from gateway.tokens.estimate import EstimateCounter
+from gateway.tokens.byte_estimate import EstimateCounter
 from tests.support.fake_vllm import FakeVllm, chat_tokens, running_vllm
 from tests.support.gateway_server import running_gateway
 from tests.support.poll import until

@@ -28,7 +28,7 @@ import pytest
 from aiohttp import web
 
 from gateway.domain import Dialect
-from gateway.headers import SSE
+from gateway.edge.headers import SSE
 from gateway.notice import Notice
 from gateway.notice.shapes import Shape
 from gateway.streaming import relay

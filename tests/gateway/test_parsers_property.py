@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway import dialects
+from gateway.edge.routes import ROUTES, Handling, Route
 from gateway.errors import GatewayError
-from gateway.routes import ROUTES, Handling, Route
 
 PARSED = [route for route in ROUTES if route.handling is Handling.PARSED]
 

@@ -1,6 +1,6 @@
-"""Reload without a restart (gateway/reload.py): ``POST /kvgate/reload`` and ``SIGHUP`` re-read the configuration;
-tenants, caps and policies change for new requests, in-flight requests keep their reservations, a bad file is refused
-naming the setting and the running settings stay."""
+"""Reload without a restart (gateway/config/reload.py): ``POST /kvgate/reload`` and ``SIGHUP`` re-read
+the configuration; tenants, caps and policies change for new requests, in-flight requests keep their reservations, a
+bad file is refused naming the setting and the running settings stay."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from aiohttp import web
 
 from gateway.admission.rates import RateLimit, RateLimiter
 from gateway.app import ADMITTER, LIVE, create_app, start_server
-from gateway.config import ConfigError, Settings, load_settings
-from gateway.reload import LiveSettings, Reloader, ReloadRefused, plan_reload
+from gateway.config.reload import LiveSettings, Reloader, ReloadRefused, plan_reload
+from gateway.config.settings import ConfigError, Settings, load_settings
 from tests.support.exact_count import exact_counting
 from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.poll import until
@@ -122,7 +122,7 @@ def _no_secrets(text: str) -> None:
 
 
 async def test_tenants_and_caps_change_for_new_requests(gateway: Gateway, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="gateway.reload")
+    caplog.set_level(logging.INFO, logger="gateway.config.reload")
     url = gateway.url
     assert (await _chat(url, "ci-key", LONG_CHAT))[0] == 200
     assert (await _chat(url, "team-key"))[0] == 200
@@ -212,7 +212,7 @@ async def test_a_bad_file_is_refused_naming_the_setting_and_the_old_settings_sta
     assert gateway.app[LIVE].settings is before
     assert (await _chat(gateway.url, "team-key"))[0] == 200  # the old tenants still run
     assert (await _chat(gateway.url, "ci-key", LONG_CHAT))[0] == 200  # under their old caps
-    logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "gateway.reload")
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "gateway.config.reload")
     assert "configuration reload (POST /kvgate/reload) refused, the running settings stay" in logged
     _no_secrets(text + logged)
     assert 'kvgate_config_reloads_total{outcome="refused"} 1.0' in await _admin_get(gateway.url, "/kvgate/metrics")

@@ -22,9 +22,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.config import Settings, load_settings
-from gateway.reload import LiveSettings, Reloader, ReloadRefused
-from gateway.reload_guard import refusing_empty_file, security_drops
+from gateway.config.reload import LiveSettings, Reloader, ReloadRefused
+from gateway.config.reload_guard import refusing_empty_file, security_drops
+from gateway.config.settings import Settings, load_settings
 from tests.support.fake_backend import FakeLLM, running
 
 ADMIN = "admin-secret-key"
@@ -61,7 +61,7 @@ def _reloader(running: Settings, loaded: Settings) -> tuple[LiveSettings, Reload
 
 
 async def test_the_guard_matrix(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="gateway.reload")
+    caplog.set_level(logging.INFO, logger="gateway.config.reload")
     running_settings = load_settings(None, **SECURE)
     rows = []
     for case, (change, named) in GUARD_MATRIX.items():
@@ -179,7 +179,7 @@ async def test_sighup_with_an_emptied_file_keeps_every_key(tmp_path: Path, empti
 async def test_a_reload_that_lets_unknown_keys_in_is_refused(caplog: pytest.LogCaptureFixture) -> None:
     """Without require_api_key, an unknown key gets a 401 while tenants have keys; a reload turning on
     tenants.anonymous.allow_unknown_keys would let every made-up key in: refused unless said so, like the others."""
-    caplog.set_level(logging.INFO, logger="gateway.reload")
+    caplog.set_level(logging.INFO, logger="gateway.config.reload")
     keyed: dict[str, Any] = {"tenants": {"ci": {"api_keys": ["ci-key"]}}}
     running_settings = load_settings(None, **keyed)
     lenient = {"tenants": {**keyed["tenants"], "anonymous": {"allow_unknown_keys": True}}}

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from gateway.config import load_settings
+from gateway.config.settings import load_settings
 
 DEPLOY = Path(__file__).parents[2] / "deploy" / "replicas"
 

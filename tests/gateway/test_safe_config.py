@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 
 from gateway.app import create_app, start_server
-from gateway.cli import EXIT_ADDRESS_IN_USE, EXIT_CACHE_DIR, EXIT_HOST_UNRESOLVABLE, main
-from gateway.config import ConfigError, load_settings, unknown_environment
+from gateway.cli.main import EXIT_ADDRESS_IN_USE, EXIT_CACHE_DIR, EXIT_HOST_UNRESOLVABLE, main
+from gateway.config.settings import ConfigError, load_settings, unknown_environment
 from tests.support.fake_backend import FakeLLM, running
 
 SECRET = "s3cret-Do-Not-Echo"

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.config import Settings
-from gateway.settings_doc import END, START, render, replace_section
+from gateway.config.reference import END, START, render, replace_section
+from gateway.config.settings import Settings
 
 README = Path(__file__).parents[2] / "README.md"
 
 
 def test_readme_settings_reference_is_up_to_date() -> None:
     text = README.read_text()
-    assert replace_section(text) == text, "run: python -m gateway.settings_doc --write README.md"
+    assert replace_section(text) == text, "run: python -m gateway.config.reference --write README.md"
 
 
 def test_every_setting_has_a_row_with_its_variable_and_default() -> None:

@@ -1,11 +1,11 @@
-"""gateway.tasks.stop: a background task that swallows its cancellation (as Python 3.11's wait_for can, inside
+"""gateway.support.tasks.stop: a background task that swallows its cancellation (as Python 3.11's wait_for can, inside
 redis-py's reconnect) is cancelled again until it ends, so shutdown never hangs."""
 
 from __future__ import annotations
 
 import asyncio
 
-from gateway.tasks import stop
+from gateway.support.tasks import stop
 
 
 async def test_a_task_that_swallows_its_first_cancellations_is_stopped() -> None:

@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.admission.errors import AdmissionRejected, client_closed, queue_full
+from gateway.admission.rejections import AdmissionRejected, client_closed, queue_full
 from gateway.admission.types import PoolKey
 from gateway.errors import BadRequest, InvalidField, LoadRefused, Unauthorized
 from gateway.observability.tenant_usage import TenantUsage, refusal_reason

@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.config import ConfigError, load_settings
+from gateway.config.settings import ConfigError, load_settings
 from tests.support.exact_count import exact_counting
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway

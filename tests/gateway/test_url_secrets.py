@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 
 from gateway.app import create_app, start_server
-from gateway.config import ConfigError, load_settings
-from gateway.redact import mask_url
+from gateway.config.settings import ConfigError, load_settings
+from gateway.support.redact import mask_url
 from tests.support.fake_backend import FakeLLM, running
 
 SECRET = "hunter2-Do-Not-Echo"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.memory.estimate import estimate, parse_fit_params
+from gateway.memory.estimate_table import format_bytes, render_table
+from gateway.memory.fit_estimate import estimate, parse_fit_params
 from gateway.memory.kv import CacheType
 from gateway.memory.presets import preset_profile
-from gateway.memory.render import format_bytes, render_table
 
 GIB = 1024**3
 LLAMA_8B = preset_profile("llama3.1:8b")

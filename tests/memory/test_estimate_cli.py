@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.memory.estimate_cli import add_arguments, run
+from gateway.cli.estimate import add_arguments, run
 from tests.support.fake_backend import FakeLLM, OllamaModels, running, serve, text_answer
 from tests.support.tinymodel import write_tiny_model
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.memory.estimate import FIT_TARGET_BYTES, estimate, offload, ram_check
+from gateway.memory.fit_estimate import FIT_TARGET_BYTES, estimate, offload, ram_check
 from gateway.memory.host_ram import (
     HostRam,
     HostRamUnavailable,
@@ -138,8 +138,8 @@ def test_ram_check_json_and_an_unreadable_host() -> None:
 async def test_estimate_cli_prints_the_ram_line_when_it_offloads() -> None:
     import io
 
-    from gateway.cli import build_parser
-    from gateway.memory import estimate_cli
+    from gateway.cli import estimate as estimate_cli
+    from gateway.cli.main import build_parser
 
     def run_args(*extra: str) -> list[str]:
         return ["estimate", "llama3.1:8b", "--context", "131072", "--vram", "24GiB", *extra]

@@ -18,11 +18,11 @@ import pytest
 
 from gateway.backends.client import BackendClient
 from gateway.backends.prober import LlamaServerProber, detect_backend
-from gateway.gguf import read_gguf
 from gateway.memory.kv import CacheType, KvLayout, ModelShape, kv_cache_parts, llama_server_layout
 from gateway.memory.llama_log import bytes_to_logged_mib, parse_buffers, parse_kv_caches, parse_slots
 from gateway.memory.load_cost import estimate_compute_bytes, output_buffer_bytes
-from gateway.memory.sources.gguf import profile_from_summary
+from gateway.memory.sources.gguf_file import profile_from_summary
+from gateway.support.gguf_reader import read_gguf
 from tests.support.llama_server import RunningLlamaServer, run_llama_server
 from tests.support.tinymodel import write_tiny_model
 

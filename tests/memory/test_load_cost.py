@@ -16,7 +16,7 @@ from gateway.memory.load_cost import (
     estimate_load_cost,
 )
 from gateway.memory.presets import preset_profile
-from gateway.memory.sources.gguf import profile_from_gguf
+from gateway.memory.sources.gguf_file import profile_from_gguf
 from tests.support.tinymodel import write_tiny_model
 
 DATA = Path(__file__).parent / "data"

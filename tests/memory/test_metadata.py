@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from gateway.gguf import read_gguf
 from gateway.memory.kv import (
     CacheType,
     MissingMetadataKey,
@@ -19,6 +18,7 @@ from gateway.memory.kv import (
     llama_server_layout,
 )
 from gateway.memory.metadata import per_layer_arrays_missing
+from gateway.support.gguf_reader import read_gguf
 
 VOCAB_DIR = Path(__file__).resolve().parents[2] / "gateway" / "data" / "vocab"
 

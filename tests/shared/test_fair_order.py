@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from gateway.admission import PoolSpec, RequestCost, WaitingRoom
-from gateway.admission.errors import AdmissionRejected
+from gateway.admission.rejections import AdmissionRejected
 from gateway.admission.types import Policy
 from tests.shared.test_replicas import fast, replica
 

@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 
 from gateway.admission import Ledger, PoolSpec, RequestCost, WaitingRoom
-from gateway.admission.errors import AdmissionRejected
+from gateway.admission.rejections import AdmissionRejected
 from gateway.admission.shared.fencing import fenced
-from gateway.admission.shared.pools import SharedPools
+from gateway.admission.shared.shared_pools import SharedPools
 from gateway.admission.shared.store import SharedStore
 from gateway.admission.types import Policy
-from gateway.config_shared import SharedLedgerConfig
-from gateway.tasks import stop
+from gateway.config.shared_ledger import SharedLedgerSettings
+from gateway.support.tasks import stop
 from tests.support.llama_server import free_port
 from tests.support.redis_server import RunningRedis, running_redis
 from tests.support.tcp_cut import CuttableProxy
@@ -87,14 +87,14 @@ async def replica(port: int, on_unreachable: str) -> AsyncIterator[Replica]:
     async with CuttableProxy(port) as path:
         settings: dict[str, Any] = {"redis_url": path.url, "lease_ttl_s": TTL_S, "fence_margin_s": MARGIN_S,
                                     "poll_s": 0.02, "timeout_s": 0.1, "on_unreachable": on_unreachable, "replicas": 3}
-        config = SharedLedgerConfig(**settings)
+        config = SharedLedgerSettings(**settings)
         shared = SharedPools(SharedStore.from_url(path.url, prefix="kvgate", timeout_s=0.1), config)
         room = WaitingRoom(Ledger(), shared=shared)
         runner = asyncio.create_task(shared.run(room.waiting_keys, room.redispatch))
         try:
             yield Replica(path, shared, room, runner)
         finally:
-            await stop(runner)  # cancelled again until it ends: Python 3.11 may lose one (gateway/tasks.py)
+            await stop(runner)  # cancelled again until it ends: Python 3.11 may lose one (gateway/support/tasks.py)
             await shared.close()
 
 

@@ -19,12 +19,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.admission import Ledger, PoolSpec, RequestCost, WaitingRoom
-from gateway.admission.errors import AdmissionRejected
-from gateway.admission.shared.pools import SharedPools
+from gateway.admission.rejections import AdmissionRejected
+from gateway.admission.shared.shared_pools import SharedPools
 from gateway.admission.shared.store import SharedStore
 from gateway.admission.types import Policy, PoolKey
-from gateway.config_shared import SharedLedgerConfig
-from gateway.tasks import stop
+from gateway.config.shared_ledger import SharedLedgerSettings
+from gateway.support.tasks import stop
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
 from tests.support.gateway_server import running_gateway
@@ -36,14 +36,14 @@ POOL = PoolSpec.unified_pool("ls", "", pool_tokens=10_000, slots=4)
 POLICY = Policy(queue_timeout_s=5.0)
 
 
-def fast(url: str, **changes: Any) -> SharedLedgerConfig:
+def fast(url: str, **changes: Any) -> SharedLedgerSettings:
     settings: dict[str, Any] = {"redis_url": url, "lease_ttl_s": 0.6, "fence_margin_s": 0.2, "poll_s": 0.02,
                                 **changes}
-    return SharedLedgerConfig(**settings)
+    return SharedLedgerSettings(**settings)
 
 
 @contextlib.asynccontextmanager
-async def replica(config: SharedLedgerConfig) -> AsyncIterator[WaitingRoom]:
+async def replica(config: SharedLedgerSettings) -> AsyncIterator[WaitingRoom]:
     assert config.redis_url is not None
     store = SharedStore.from_url(config.redis_url.get_secret_value(), prefix=config.prefix, timeout_s=config.timeout_s)
     shared = SharedPools(store, config)

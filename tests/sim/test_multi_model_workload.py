@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 
-from gateway.demo_cli import KvgateInFront
+from gateway.cli.demo import KvgateInFront
 from kvsim.config import SimConfig
 from kvsim.workload.demo import compare_multi_model
 from kvsim.workload.multi_model import FOREIGN, MODELS, model_switches, multi_model_script, multi_model_sim_config

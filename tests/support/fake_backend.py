@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.gguf import read_gguf
+from gateway.support.gguf_reader import read_gguf
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Routes = Mapping[tuple[str, str], Handler]

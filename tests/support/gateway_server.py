@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from gateway.app import create_app, start_server
-from gateway.config import Settings, load_settings
+from gateway.config.settings import Settings, load_settings
 
 
 @asynccontextmanager

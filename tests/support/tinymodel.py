@@ -19,7 +19,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from gateway.gguf import read_gguf
+from gateway.support.gguf_reader import read_gguf
 
 VOCAB_DIR = Path(__file__).resolve().parents[2] / "gateway" / "data" / "vocab"
 DEFAULT_VOCAB = VOCAB_DIR / "ggml-vocab-llama-bpe.gguf"

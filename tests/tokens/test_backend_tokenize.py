@@ -13,9 +13,9 @@ from aiohttp import web
 
 from gateway.backends.client import BackendClient
 from gateway.tokens.backend_tokenize import BackendTokenizeCounter, TokenizeEndpoints, TokenizeFlavor
+from gateway.tokens.byte_estimate import EstimateCounter
 from gateway.tokens.chain import CounterChain
 from gateway.tokens.count import CounterUnavailable
-from gateway.tokens.estimate import EstimateCounter
 from tests.support.fake_backend import FakeLLM, json_answer, running, serve, text_answer
 from tests.support.fake_vllm import FakeVllm, chat_tokens, running_vllm, text_tokens
 

@@ -13,9 +13,9 @@ from aiohttp import web
 
 from gateway.backends.client import BackendClient
 from gateway.domain import BackendKind
+from gateway.tokens.byte_estimate import EstimateCounter
 from gateway.tokens.chain import CounterChain
 from gateway.tokens.count import Counter, CounterUnavailable, TokenCount
-from gateway.tokens.estimate import EstimateCounter
 from gateway.tokens.gguf_vocab import read_gguf_tokenizer_metadata
 from gateway.tokens.llama_server_counter import LlamaServerCounter
 from gateway.tokens.overhead import OverheadEstimator

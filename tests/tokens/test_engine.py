@@ -7,9 +7,9 @@ import tokenizers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.tokens.countable_text import ByteText, content_text, decode_text
 from gateway.tokens.engine import TokenizerEngine
 from gateway.tokens.message_cache import CountCache
-from gateway.tokens.text import ByteText, content_text, decode_text
 from tests.tokens.chat_corpus import CODE, SENTENCES
 from tests.tokens.vocab_vectors import shared_tokenizer
 

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from tokenizers import Tokenizer
 
-from gateway.gguf import GgufFormatError, read_gguf_metadata
+from gateway.support.gguf_reader import GgufFormatError, read_gguf_metadata
 from gateway.tokens.gguf_vocab import (
     UnsupportedTokenizer,
     load_gguf_tokenizer,

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.backends import Backend
 from gateway.backends.client import BackendClient, BackendStatusError
-from gateway.config import load_settings
+from gateway.config.settings import load_settings
 from gateway.dialects import parse
 from gateway.domain import Dialect, Operation, ParsedRequest
 from gateway.tokens.prompt_counter import UNLISTED_CHAINS, PromptCounter

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import gateway.tokens.gguf_vocab as gguf_vocab
-from gateway.gguf import GgufMetadata, read_gguf_metadata
+from gateway.support.gguf_reader import GgufMetadata, read_gguf_metadata
 from gateway.tokens.gguf_vocab import load_gguf_tokenizer
 from gateway.tokens.tokenizer_cache import TokenizerCache
 from tests.tokens.vocab_vectors import vocab_path

@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
-from gateway.admission.errors import AdmissionRejected
+from gateway.admission.rejections import AdmissionRejected
 from gateway.admission.shared.fence import FenceBook
 
 

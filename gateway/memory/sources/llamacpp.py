@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.gguf import GgufSummary
 from gateway.memory.kv import ModelShape, ShapeError, llama_server_layout
 from gateway.memory.profile import ModelProfile, ProfileSource
 from gateway.memory.sources.common import ProfileError, as_int, n_ff_from, n_vocab_from, quantization_name
+from gateway.support.gguf_reader import GgufSummary
 
 
 @dataclass(frozen=True)
