@@ -44,6 +44,7 @@ from gateway.observability.gpus import gpu_rows, refresh_gpus
 from gateway.observability.metrics import CONTENT_TYPE, Metrics
 from gateway.observability.shared_ledger import SharedLedgerCollector, shared_status
 from gateway.proxy import Proxy
+from gateway.runtimes import runtime_for
 from gateway.support.single_flight import SingleFlight
 from gateway.support.tasks import stop
 from gateway.tokens.prompt_counter import PromptCounter
@@ -127,10 +128,10 @@ def create_app(
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         session = session_factory()
-        registry = BackendRegistry(settings, session, clock=clock)
+        registry = BackendRegistry(settings, session, clock=clock, runtime_for=runtime_for)
         app[SESSION] = session
         app[REGISTRY] = registry
-        app[PROMPT_COUNTER] = PromptCounter(settings)
+        app[PROMPT_COUNTER] = PromptCounter(settings, runtime_for)
         app[PROBES] = BackendProbes(session, vram_sources)
         shared = shared_pools(settings.shared_ledger)  # None: the ledger lives in this process only
         app[SHARED] = shared

@@ -46,7 +46,6 @@ from gateway.backends.down import down_error
 from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
 from gateway.config.settings import Settings
-from gateway.domain import BackendKind
 from gateway.errors import BackendNotReady
 from gateway.loads.gate import Loaded, LoadGate, Lowered, lowered_of
 from gateway.loads.offload import Offloads
@@ -54,6 +53,7 @@ from gateway.memory.fit_estimate import estimate
 from gateway.memory.kv import CTX_PAD_TOKENS
 from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import VramUnavailable
+from gateway.runtimes import PoolSource, runtime_for
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +90,8 @@ NoContext = ModelDoesNotFit | ContextUnknown
 
 
 def unadmitted_reason(backend: Backend) -> str | None:
-    """Why a backend is forwarded without admission, or None when kvgate admits its requests."""
-    settings = backend.settings
-    if backend.kind is not BackendKind.OPENAI:
-        return None
-    if settings.parallel is None or settings.context_tokens is None:
-        return (f"{backend.describe()} is an OpenAI-compatible server that reports no KV layout; it is forwarded "
-                "without admission (set its parallel and context_tokens, and unified_kv, to admit its requests)")
-    return None
+    """Why a backend is forwarded without admission, or None when kvgate admits its requests (its runtime's)."""
+    return runtime_for(backend).unadmitted_reason(backend)
 
 
 class PoolDirectory:
@@ -139,9 +133,10 @@ class PoolDirectory:
         backend's own name for an Ollama model (the registry resolves it); the other kinds ignore it."""
         if unadmitted_reason(backend) is not None:
             return None
-        if backend.kind is BackendKind.OPENAI:
+        runtime = runtime_for(backend)
+        if runtime.pool_source is PoolSource.CONFIGURED:
             return self._configured(backend)
-        pool_id = (backend.name, (model or "") if backend.kind is BackendKind.OLLAMA else "")
+        pool_id = (backend.name, runtime.pool_model(model))
         cached = self._cache.get(pool_id)
         fresh = cached is not None and self._clock() - cached[0] < self._settings.admission.pool_refresh_s
         if cached is not None and fresh and pool_id not in self._stale:
@@ -220,7 +215,7 @@ class PoolDirectory:
             raise ProbeError(f"{_label(backend, model)} reports an impossible KV layout: {exc}") from exc
 
     async def _layout(self, backend: Backend, model: str) -> PoolSpec:
-        if backend.kind is BackendKind.OLLAMA:
+        if runtime_for(backend).pool_source is PoolSource.LOADED_MODEL:
             return await self._ollama_pool(backend, model)
         props = await self._probes.llama_props(backend)
         settings = backend.settings
@@ -312,7 +307,7 @@ class PoolDirectory:
         """At start-up: report models an Ollama backend already has loaded at another context than its configured
         ``context_tokens`` (kvgate will follow them); a backend that can't be asked is checked on first use."""
         configured = backend.settings.context_tokens
-        if backend.kind is not BackendKind.OLLAMA or configured is None:
+        if not runtime_for(backend).lists_loaded_models or configured is None:
             return
         try:
             loaded = await self._probes.loaded_models(backend)
@@ -410,7 +405,7 @@ class PoolDirectory:
 
     def offload_for(self, pool: PoolSpec) -> str | None:
         """What of the pool's model runs on the CPU, for X-Kvgate-Offload (loads/offload.py: Offloads)."""
-        if pool.backend_kind is not BackendKind.OLLAMA:
+        if not runtime_for(pool.backend_kind).lists_loaded_models:  # what runs on the CPU is in /api/ps
             return None
         return self._offloaded.said(pool.backend, pool.model, self._probes.on_cpu(pool.backend, pool.model))
 

@@ -112,7 +112,7 @@ from gateway.admission.types import (
     Rewrites,
     Wait,
 )
-from gateway.domain import BackendKind
+from gateway.runtimes import runtime_for
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 TOO_MANY_SEQUENCES = "too_many_sequences"
@@ -198,7 +198,7 @@ class _Fit:
 def _context(cost: RequestCost, pool: PoolSpec, policy: Policy) -> _Fit:
     loaded = pool.slot_ctx_tokens
     asked = cost.requested_num_ctx
-    if pool.backend_kind is not BackendKind.OLLAMA or asked == loaded:
+    if not runtime_for(pool.backend_kind).reloads_on_num_ctx or asked == loaded:
         return _Fit(loaded)
     if asked is None:
         if not policy.pin_num_ctx:

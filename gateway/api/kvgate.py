@@ -19,7 +19,6 @@ from gateway.admission.pool_slots import SlotSource
 from gateway.backends import Backend, BackendRegistry
 from gateway.backends.prober import ProbeError
 from gateway.backends.probes import BackendProbes, local_profile
-from gateway.domain import BackendKind
 from gateway.edge.body.budget import BodyBudget
 from gateway.edge.body.json_bound import decode_bounded
 from gateway.edge.body.reader import read_body
@@ -41,6 +40,7 @@ from gateway.memory.vram import VramReading, VramUnavailable
 from gateway.observability.outcomes import OutcomeTally
 from gateway.observability.pool_layout import pool_label
 from gateway.observability.tenant_usage import TenantUsage
+from gateway.runtimes import runtime_for
 from gateway.support.safe_text import safe_text
 from gateway.tokens.prompt_counter import COUNTED_OPERATIONS, PromptCounter
 
@@ -132,7 +132,7 @@ async def _profile(probes: BackendProbes, backend: Backend, model: str) -> Model
 
 def _calibration(backend: Backend, profile: ModelProfile, loaded: LoadedModel | None) -> Calibration | None:
     """For a model Ollama has loaded: scale the estimate to what /api/ps says the load really took."""
-    if backend.kind is not BackendKind.OLLAMA:
+    if not runtime_for(backend).lists_loaded_models:
         return None
     settings = backend.settings
     return calibration_for(profile, loaded, parallel=settings.parallel or 1,
@@ -142,7 +142,7 @@ def _calibration(backend: Backend, profile: ModelProfile, loaded: LoadedModel | 
 async def _loaded(probes: BackendProbes, backend: Backend) -> list[LoadedModel] | None:
     """Ollama: every model /api/ps shows loaded (a burst of /kvgate/fit requests reads it once); None when the
     backend is not Ollama or /api/ps cannot be read."""
-    if backend.kind is not BackendKind.OLLAMA:
+    if not runtime_for(backend).lists_loaded_models:
         return None
     try:
         return await probes.loaded_models(backend, join_running=True)

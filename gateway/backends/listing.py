@@ -21,7 +21,7 @@ log = logging.getLogger("gateway.proxy")  # the request path's logger, as before
 
 
 async def _get_json(registry: BackendRegistry, backend: Backend, path: str) -> dict[str, Any]:
-    if path == models.list_path(backend.kind):
+    if path == backend.runtime.list_path:
         return await registry.fetch_listing(backend)  # the one listing fetch: it keeps the model names
     return await backend.client.get_json(path)
 
@@ -36,7 +36,7 @@ async def merged_listing(
         backends = [backend for backend in backends if backend.kind is route.kind] or [registry.default]
     fetch_path = path if path != "/api/tags" else None
     results = await asyncio.gather(
-        *(_get_json(registry, b, fetch_path or models.list_path(b.kind)) for b in backends), return_exceptions=True
+        *(_get_json(registry, b, fetch_path or b.runtime.list_path) for b in backends), return_exceptions=True
     )
     groups: list[list[dict[str, Any]]] = []
     unreachable: list[str] = []
@@ -50,7 +50,7 @@ async def merged_listing(
         if path == "/v1/models":
             groups.append(models.as_openai_models(result))
         elif path == "/api/tags":
-            groups.append(models.as_ollama_tags(backend.kind, result))
+            groups.append(backend.runtime.ollama_tags(result))
         else:
             groups.append([entry for entry in result.get("models") or [] if isinstance(entry, dict)])
     if not groups:

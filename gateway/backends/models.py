@@ -2,7 +2,7 @@
 
 Ollama lists models at ``GET /api/tags`` (``{"models": [{"name", "model", ...}]}``); llama-server and OpenAI-style
 servers at ``GET /v1/models`` (``{"object": "list", "data": [{"id", ...}]}``; llama-server adds an Ollama-like
-``models`` array). Pure functions: no I/O.
+``models`` array). Pure functions: no I/O. Which of them a backend uses is its runtime's (gateway/runtimes/).
 """
 
 from __future__ import annotations
@@ -10,15 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.backends.client import name_candidates
-from gateway.domain import BackendKind
 
 
-def list_path(kind: BackendKind) -> str:
-    return "/api/tags" if kind is BackendKind.OLLAMA else "/v1/models"
-
-
-def model_names(kind: BackendKind, listing: dict[str, Any]) -> frozenset[str]:
-    """Every name a client may use for the models in a listing (Ollama's ``x`` is ``x:latest``)."""
+def listed_names(listing: dict[str, Any]) -> frozenset[str]:
+    """Every name a listing gives its models: Ollama's ``models`` (``name``, ``model``) and the ``/v1/models``
+    ``data`` (``id``, ``aliases``), whichever it has."""
     names: set[str] = set()
     for entry in listing.get("models") or []:
         if isinstance(entry, dict):
@@ -27,15 +23,23 @@ def model_names(kind: BackendKind, listing: dict[str, Any]) -> frozenset[str]:
         if isinstance(entry, dict) and isinstance(entry.get("id"), str):
             names.add(entry["id"])
             names.update(alias for alias in entry.get("aliases") or [] if isinstance(alias, str))
-    if kind is BackendKind.OLLAMA:
-        names.update(spelling for name in list(names) for spelling in name_candidates(name))
     return frozenset(names)
 
 
-def as_ollama_tags(kind: BackendKind, listing: dict[str, Any]) -> list[dict[str, Any]]:
-    """Entries for ``/api/tags`` from any backend's listing."""
-    if kind is BackendKind.OLLAMA or isinstance(listing.get("models"), list):
-        return [entry for entry in listing.get("models") or [] if isinstance(entry, dict)]
+def with_spellings(names: frozenset[str]) -> frozenset[str]:
+    """``names`` and every other spelling of each (Ollama's ``x`` is ``x:latest``)."""
+    return frozenset(spelling for name in names for spelling in name_candidates(name))
+
+
+def tags_of_models(listing: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``models`` entries of a listing, as they are (Ollama's own ``/api/tags``)."""
+    return [entry for entry in listing.get("models") or [] if isinstance(entry, dict)]
+
+
+def as_ollama_tags(listing: dict[str, Any]) -> list[dict[str, Any]]:
+    """Entries for ``/api/tags`` from a ``/v1/models`` listing (its ``models`` array where it has one)."""
+    if isinstance(listing.get("models"), list):
+        return tags_of_models(listing)
     return [
         {
             "name": entry["id"],

@@ -16,7 +16,6 @@ from gateway.backends import Backend
 from gateway.backends.client import same_model
 from gateway.backends.load_times import LoadTimes, reported_load_s
 from gateway.backends.prober import LlamaServerProber, OllamaProber, ProbeError
-from gateway.domain import BackendKind
 from gateway.memory.presets import find_preset, preset_profile
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.gguf_file import profile_from_gguf
@@ -47,16 +46,17 @@ class BackendProbes:
             await prober.aclose()
 
     async def profile(self, backend: Backend, model: str) -> ModelProfile:
-        """The model's profile as the backend serves it; raises ProbeError when the backend can't tell."""
-        if backend.kind is BackendKind.OLLAMA:
-            return await self._ollama_prober(backend).profile(model)
-        if backend.kind is BackendKind.LLAMA_SERVER:
-            return await self._llama_prober(backend).profile(fallback=local_profile(model) if model else None)
-        profile = local_profile(model)
-        if profile is None:
-            raise LookupError(f"{backend.describe()} is an OpenAI-style server that reports no model metadata, "
-                              f"and {model!r} is not a preset or a GGUF path")
-        return profile
+        """The model's profile as the backend serves it (its runtime says how it is probed); raises ProbeError when
+        the backend can't tell, LookupError when nothing describes the model."""
+        return await backend.runtime.profile(self, backend, model)
+
+    async def ollama_profile(self, backend: Backend, model: str) -> ModelProfile:
+        """Ollama: the model's profile from /api/show (cached by digest)."""
+        return await self._ollama_prober(backend).profile(model)
+
+    async def llama_server_profile(self, backend: Backend, model: str) -> ModelProfile:
+        """llama-server: the served model's profile from /props and its GGUF, else ``model`` as a preset or path."""
+        return await self._llama_prober(backend).profile(fallback=local_profile(model) if model else None)
 
     def _llama_prober(self, backend: Backend) -> LlamaServerProber:
         llama = self._llama.get(backend.name)

@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from gateway.backends import models
 from gateway.backends.client import BackendCallError, BackendClient, BackendUnreachable, find_model
+from gateway.backends.runtime_port import BackendRuntime
 from gateway.config.settings import BackendSettings, Settings
 from gateway.domain import BackendKind
 from gateway.errors import InvalidField, ModelNotFound
@@ -34,6 +34,8 @@ class Backend:
 
     settings: BackendSettings
     client: BackendClient
+    runtime: BackendRuntime = field(kw_only=True)
+    """What its kind of server does (gateway/runtimes/, through backends/runtime_port.py)."""
     models: frozenset[str] = frozenset()
     listed_at_s: float | None = None
     last_error: str | None = None
@@ -77,12 +79,13 @@ class Backend:
 class BackendRegistry:
     """Knows every backend and which one serves a model; owns no session (it is injected)."""
 
-    def __init__(self, settings: Settings, session: aiohttp.ClientSession, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, settings: Settings, session: aiohttp.ClientSession, clock: Callable[[], float] = time.monotonic,
+                 *, runtime_for: Callable[[BackendKind], BackendRuntime]):
         self._settings = settings
         self._clock = clock
         self.backends = [  # a refused connection waits for a backend up within probe_wait_s (liveness.py)
             Backend(config, BackendClient.for_backend(session, config, restart_wait_s=settings.admission.probe_wait_s,
-                                                      clock=clock))
+                                                      clock=clock), runtime=runtime_for(config.kind))
             for config in settings.backends]
         self._miss_refresh: SingleFlight[str, None] = SingleFlight(clock=clock)
 
@@ -103,8 +106,8 @@ class BackendRegistry:
     async def fetch_listing(self, backend: Backend) -> dict[str, Any]:
         """GET the backend's model list and keep its names; raises BackendCallError for the caller to handle."""
         timeout_s = backend.settings.timeouts.connect_s + LISTING_ANSWER_S
-        listing = await backend.client.get_json(models.list_path(backend.kind), timeout_s=timeout_s)
-        backend.models = models.model_names(backend.kind, listing)
+        listing = await backend.client.get_json(backend.runtime.list_path, timeout_s=timeout_s)
+        backend.models = backend.runtime.model_names(listing)
         backend.listed_at_s = self._clock()
         backend.last_error = None
         return listing
@@ -159,13 +162,13 @@ class BackendRegistry:
     async def _replicas_of(self, fallback: Backend) -> list[Backend]:
         """A request that names no model (or one nobody lists) goes to ``fallback``. A llama-server runs its one model
         whatever a request names, so every llama-server listing the same models shares such requests with it."""
-        if fallback.kind is not BackendKind.LLAMA_SERVER or len(self.backends) == 1:
+        if not fallback.runtime.serves_one_model or len(self.backends) == 1:
             return [fallback]
         if fallback.listed_at_s is None:
             await self._miss_refresh.run("all", self.refresh_all, max_age_s=MISS_REFRESH_MIN_INTERVAL_S)
         if not fallback.models:
             return [fallback]
-        return [fallback] + [b for b in self.backends if b is not fallback and b.kind is BackendKind.LLAMA_SERVER
+        return [fallback] + [b for b in self.backends if b is not fallback and b.kind is fallback.kind
                              and b.models == fallback.models]
 
     async def target_model(self, backend: Backend, model: str | None) -> str:
@@ -174,11 +177,11 @@ class BackendRegistry:
         llama-server serves one model whatever a request says: "" (its pool is the server's). Ollama runs the
         model it lists under that name; a model it does not list (after refreshing the list) is a 404, so made-up
         names never reach the backend or make pools. OpenAI-compatible servers: the name as given."""
-        if backend.kind is BackendKind.LLAMA_SERVER:
+        if backend.runtime.serves_one_model:
             return ""
         if model is None:
             raise InvalidField("model", f"field 'model' is required: name the model to use on {backend.describe()}")
-        if backend.kind is not BackendKind.OLLAMA:
+        if not backend.runtime.needs_listed_model:
             return model
         listed = backend.listed_name(model)
         if listed is None:

@@ -19,8 +19,7 @@ import aiohttp
 import orjson
 
 from gateway.backends.client import BackendClient
-from gateway.backends.prober import LlamaServerProber, OllamaProber, ProbeError, detect_backend
-from gateway.domain import BackendKind
+from gateway.backends.prober import ProbeError, detect_backend
 from gateway.loads.residency import (
     Residency,
     calibration_for,
@@ -41,6 +40,7 @@ from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import StaticVramSource, VramReading, VramUnavailable, parse_size
 from gateway.memory.vram_exporter import ExporterSource
 from gateway.memory.vram_nvml import nvml_source
+from gateway.runtimes import runtime_for
 
 DEFAULT_CONTEXT_TOKENS = 8192
 
@@ -92,20 +92,7 @@ async def _backend_profile(
     """The model's profile and, from Ollama, every model /api/ps shows loaded (None: llama-server, or /api/ps
     unreadable)."""
     client = BackendClient(session, url)
-    kind = await detect_backend(client)
-    if kind is BackendKind.OLLAMA:
-        prober = OllamaProber(client)
-        profile = await prober.profile(model)
-        try:
-            return profile, await prober.loaded()
-        except ProbeError:
-            return profile, None
-    return await LlamaServerProber(client, gguf_path=Path(model) if model.endswith(".gguf") else None,
-                                   fallback=_preset_or_none(model)).profile(), None
-
-
-def _preset_or_none(model: str) -> ModelProfile | None:
-    return preset_profile(model) if find_preset(model) else None
+    return await runtime_for(await detect_backend(client)).unconfigured_profile(client, model)
 
 
 def _local_profile(model: str, quantization: str | None) -> ModelProfile:

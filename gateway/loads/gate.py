@@ -48,7 +48,6 @@ from gateway.backends.client import canonical_model, find_model, name_candidates
 from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
 from gateway.config.settings import ModelSettings, Settings
-from gateway.domain import BackendKind
 from gateway.errors import LoadRefused
 from gateway.loads.gpu_ledger import GpuBudget, GpuEntry, LoadReservations
 from gateway.loads.gpu_reading import read_gpu_entry
@@ -186,7 +185,7 @@ class LoadGate:
         return sum(c.unloads for c in self.counts.values())
 
     def applies(self, backend: Backend) -> bool:
-        return (self._settings.residency.enabled and backend.kind is BackendKind.OLLAMA
+        return (self._settings.residency.enabled and backend.runtime.gates_loads
                 and backend.settings.vram is not None)
 
     def touch(self, backend: str, model: str) -> None:
@@ -317,7 +316,7 @@ class LoadGate:
         """What loading ``model`` on ``backend`` would take now (preview.py), from the last GPU reading and
         /api/ps (at most ``vram_refresh_s`` old); no lock, no claim, nothing unloaded or loaded."""
         if not self.applies(backend):
-            if backend.kind is BackendKind.OLLAMA:  # no GPU reading: whether /api/ps lists it, at least
+            if backend.runtime.lists_loaded_models:  # no GPU reading: whether /api/ps lists it, at least
                 with contextlib.suppress(ProbeError):
                     if any(same_model(m.name, model) for m in await self._probes.loaded_models(backend,
                                                                                                join_running=True)):

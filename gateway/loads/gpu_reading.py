@@ -15,7 +15,6 @@ from pathlib import PurePath
 from gateway.backends import Backend
 from gateway.backends.prober import ProbeError
 from gateway.backends.probes import BackendProbes
-from gateway.domain import BackendKind
 from gateway.loads.gpu_ledger import (
     GpuEntry,
     LoadReservations,
@@ -41,12 +40,12 @@ async def read_gpu_entry(backend: Backend, probes: BackendProbes, reservations: 
         return None
     residents: list[ResidentModel] = []
     problem = None
-    if backend.kind is BackendKind.OLLAMA:
+    if backend.runtime.lists_loaded_models:
         try:
             residents = [reported_resident(loaded) for loaded in await probes.loaded_models(backend)]
         except ProbeError as exc:
             problem = f"resident models unknown (/api/ps: {exc}); their bytes count as other processes"
-    elif backend.kind is BackendKind.LLAMA_SERVER:
+    elif backend.runtime.serves_one_model:  # what it holds is its one model, sized from /props
         resident, problem = await _llama_server_resident(backend, probes)
         residents = [] if resident is None else [resident]
     return GpuEntry(build_budget(backend.name, reading, residents, reservations.reserved_bytes(backend.name)),

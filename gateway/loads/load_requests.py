@@ -26,7 +26,7 @@ from gateway.admission.admit import Admitter
 from gateway.admission.types import Rewrites
 from gateway.backends import Backend
 from gateway.config.settings import Settings
-from gateway.domain import KV_OPERATIONS, BackendKind, Dialect, ParsedRequest
+from gateway.domain import KV_OPERATIONS, Dialect, ParsedRequest
 from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.loads.keep_alive import HEADER, carries_admin_key, client_keep_alive, unloads
 
@@ -50,7 +50,7 @@ Forward = Callable[[bytes], Awaitable[web.StreamResponse]]
 
 def is_load_request(parsed: ParsedRequest, backend: Backend) -> bool:
     """An Ollama chat or generate that runs nothing: it loads (or, with keep_alive 0, unloads) the model."""
-    return (backend.kind is BackendKind.OLLAMA and parsed.operation in KV_OPERATIONS and not parsed.allocates_kv
+    return (backend.runtime.empty_request_loads and parsed.operation in KV_OPERATIONS and not parsed.allocates_kv
             and bool(parsed.model))
 
 

@@ -30,13 +30,14 @@ from gateway.admission.admit import Admitter
 from gateway.admission.types import PoolKey
 from gateway.backends import Backend
 from gateway.config.routing import RoutingSettings
-from gateway.domain import BackendKind, ParsedRequest
+from gateway.domain import ParsedRequest
 from gateway.errors import GatewayError
 from gateway.loads.preview import LoadPreview, PreviewVerdict
 from gateway.routing.outages import Outages
 from gateway.routing.rank import CandidateView, LoadCost, Ranked, rank
 from gateway.routing.service_times import ServiceTimes
 from gateway.routing.sticky import StickyMap, conversation_key
+from gateway.runtimes import runtime_for
 from gateway.tokens.request_count import prompt_bytes
 
 ROUTE_HEADER = "X-Kvgate-Route"
@@ -254,7 +255,7 @@ class Router:
         """What the backend looks like for ``model``: its pool when kvgate knows it (a llama-server or configured
         server not probed yet gets ``probe_wait_s``); an Ollama model's only while resident (probing it would load
         it), else what loading it would take (``Admitter.load_preview``, within ``probe_wait_s``)."""
-        if backend.kind is not BackendKind.OLLAMA:
+        if not runtime_for(backend).probe_loads_model:
             known = self._admitter.known_pools().get((backend.name, ""))
             if known is not None or self.outages.is_out(backend.name):
                 return _Look(known)
@@ -294,10 +295,9 @@ class _Look:
 
 
 def _model_key(backend: Backend, model: str | None) -> str:
-    """The model as ``backend`` names it (Ollama's pools are per model; the other kinds have one pool: "")."""
-    if backend.kind is not BackendKind.OLLAMA:
-        return ""
-    return backend.listed_name(model or "") or model or ""
+    """The model part of ``backend``'s pool key for ``model``, as the backend names it (Ollama's pools are per
+    model; the other kinds have one pool: "")."""
+    return runtime_for(backend).pool_model(backend.listed_name(model or "") or model or "")
 
 
 def _load_cost(preview: LoadPreview) -> LoadCost | None:

@@ -2,7 +2,7 @@
 
 Public entry points (see each module):
     count_prompt(prompt, counter) -> TokenCount                     request_count.py
-    build_counter_chain(kind, model, client=, settings=)            factory.py
+    build_counter_chain(model, settings=, served=, read_tokenizer=) factory.py
     CounterChain, Counter, TokenCount, CounterUnavailable           chain.py, count.py
     tokenizer_from_gguf_metadata, load_gguf_tokenizer,
     read_gguf_tokenizer_metadata, UnsupportedTokenizer              gguf_vocab.py

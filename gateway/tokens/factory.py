@@ -1,23 +1,19 @@
-"""Assemble the counter chain for one model on one backend (the wiring point for the proxy and the CLI).
+"""Assemble the counter chain for one model on one backend, from the counters its runtime names (gateway/runtimes/).
 
 Settings are plain data, built once from the gateway config; nothing here reads the environment.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway.backends.client import BackendClient
-from gateway.domain import BackendKind
-from gateway.tokens.backend_tokenize import BackendTokenizeCounter, TokenizeEndpoints
 from gateway.tokens.byte_estimate import EstimateCounter
 from gateway.tokens.chain import CounterChain
 from gateway.tokens.count import Counter
-from gateway.tokens.llama_server_counter import LlamaServerCounter
 from gateway.tokens.message_cache import CountCache
-from gateway.tokens.overhead import OverheadEstimator
-from gateway.tokens.sources import GGUFFileSource, OllamaShowSource, TokenizerJsonSource
+from gateway.tokens.sources import GGUFFileSource, TokenizerJsonSource
 from gateway.tokens.tiktoken_counter import TiktokenCounter
 from gateway.tokens.tokenizer_counter import AUTO_TEMPLATE, TokenizerCounter
 
@@ -40,48 +36,38 @@ class CountingSettings:
     message_cache_chars: int = 16 * 1024 * 1024  # texts a chain's count cache holds, in all (one model's)
 
 
+ReadTokenizer = Callable[[CountCache, int], Counter]
+"""Builds the counter that reads the model's tokenizer from the backend itself (Ollama's /api/show), given the chain's
+count cache and the tokens per image."""
+
+
 def build_counter_chain(
-    backend_kind: BackendKind,
     model: str,
     *,
-    client: BackendClient,
     settings: CountingSettings,
+    served: Sequence[Counter] = (),
+    read_tokenizer: ReadTokenizer | None = None,
     llama_server_template: str | None = None,
-    endpoints: TokenizeEndpoints | None = None,
 ) -> CounterChain:
-    """The chain for `model` on a backend of the given kind, asking the backend (its tokenizer, its model file)
-    through `client`.
+    """The chain for `model`: first the counters the backend serves (its own tokenizer: llama-server's /tokenize, an
+    OpenAI-compatible server's tokenize endpoint), then the configured GGUF file, else the tokenizer read from the
+    backend (`read_tokenizer`), then a configured tokenizer.json, tiktoken, and the byte estimate last. Which of the
+    backend's counters there are is its runtime's (gateway/runtimes/).
 
     `llama_server_template` is the family detected from the server's GET /props chat_template (templates.
-    detect_template); it lets the GGUF fallback render chats exactly like the server. `endpoints` is what an
-    OpenAI-compatible backend was found to offer for counting (shared by all its models' chains; one is made when
-    none is given).
+    detect_template); it lets the GGUF fallback render chats exactly like the server.
     """
     image_tokens = settings.image_tokens.get(model, settings.default_image_tokens)
     cache = CountCache(max_entries=settings.message_cache_entries, max_chars=settings.message_cache_chars)
-    counters: list[Counter] = []
+    counters: list[Counter] = list(served)
     template = settings.chat_templates.get(model, llama_server_template or AUTO_TEMPLATE)
-    if backend_kind is BackendKind.LLAMA_SERVER:
-        counters.append(LlamaServerCounter(client, model=model))
-    elif backend_kind is BackendKind.OPENAI:
-        counters.append(BackendTokenizeCounter(endpoints or TokenizeEndpoints(client), model=model or None))
     if model in settings.gguf_paths:
         source = GGUFFileSource(settings.gguf_paths[model], cache_dir=settings.cache_dir)
         counters.append(
             TokenizerCounter(source, model=model, template=template, image_tokens=image_tokens, cache=cache)
         )
-    elif backend_kind is BackendKind.OLLAMA:
-        source_ollama = OllamaShowSource(client, model, cache_dir=settings.cache_dir)
-        counters.append(
-            TokenizerCounter(
-                source_ollama,
-                model=model,
-                template=settings.chat_templates.get(model),
-                overhead=OverheadEstimator(),
-                image_tokens=image_tokens,
-                cache=cache,
-            )
-        )
+    elif read_tokenizer is not None:
+        counters.append(read_tokenizer(cache, image_tokens))
     if model in settings.tokenizer_json:
         json_source = TokenizerJsonSource(settings.tokenizer_json[model])
         counters.append(

@@ -22,8 +22,10 @@ import asyncio
 import functools
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Protocol
 
-from gateway.backends import Backend
+from gateway.backends import Backend, BackendClient
 from gateway.config.settings import Settings
 from gateway.domain import KV_OPERATIONS, NO_OUTPUT_OPERATIONS, BackendKind, ParsedRequest, Prompt
 from gateway.tokens import (
@@ -31,7 +33,6 @@ from gateway.tokens import (
     CounterUnavailable,
     CountingSettings,
     TokenCount,
-    build_counter_chain,
     count_prompt,
 )
 from gateway.tokens.backend_tokenize import TokenizeEndpoints
@@ -69,9 +70,19 @@ class NoTokenizingRoom(Exception):
     """The tokenizing budget had no room for a prompt within its wait: the caller estimates instead."""
 
 
+class ChainRuntime(Protocol):
+    """What the prompt counter asks of a backend's runtime (gateway/runtimes/, which this package may not import):
+    the chain that counts a model's tokens on that kind of server."""
+
+    def counter_chain(self, model: str, *, client: BackendClient, settings: CountingSettings,
+                      llama_server_template: str | None = None,
+                      endpoints: TokenizeEndpoints | None = None) -> CounterChain: ...
+
+
 class PromptCounter:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, runtime_for: Callable[[BackendKind], ChainRuntime]) -> None:
         self._settings = counting_settings(settings)
+        self._runtime_for = runtime_for
         self._chains: dict[tuple[str, str], CounterChain] = {}
         self._unlisted: OrderedDict[tuple[str, str], CounterChain] = OrderedDict()
         self._configured = frozenset(settings.models)
@@ -89,7 +100,7 @@ class PromptCounter:
 
     def _kept(self, backend: Backend, model: str) -> bool:
         """Whether ``model``'s chain is kept for good: a name the backend lists or the settings name."""
-        if backend.kind is BackendKind.LLAMA_SERVER and not model:
+        if backend.runtime.serves_one_model and not model:
             return True
         return model in self._configured or backend.listed_name(model) is not None
 
@@ -109,11 +120,11 @@ class PromptCounter:
         key = (backend.name, model)
         chain = self._cached(key)
         if chain is None:
-            template = await self._server_template(backend) if backend.kind is BackendKind.LLAMA_SERVER else None
+            template = await self._server_template(backend) if backend.runtime.reads_server_template else None
             chain = self._cached(key)  # another request may have built it meanwhile: one chain per model
             if chain is None:
-                chain = build_counter_chain(
-                    backend.kind, model, client=backend.client, settings=self._settings,
+                chain = self._runtime_for(backend.kind).counter_chain(
+                    model, client=backend.client, settings=self._settings,
                     llama_server_template=template, endpoints=self.endpoints(backend),
                 )
                 if self._kept(backend, model):

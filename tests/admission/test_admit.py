@@ -27,6 +27,7 @@ from gateway.domain import BackendKind, Dialect, Operation, ParsedRequest
 from gateway.errors import BadRequest
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.ollama import LoadedModel
+from gateway.runtimes import runtime_for
 from gateway.tokens import TokenCount
 from tests.support.clock import FakeClock
 from tests.support.poll import until
@@ -103,7 +104,8 @@ def setup(backend: dict[str, Any] | None = None, **admission: Any) -> Setup:
     clock, probes = FakeClock(), FakeProbes()
     pools = PoolDirectory(settings, cast(BackendProbes, probes), clock=clock, sleep=clock.sleep)
     room = WaitingRoom(Ledger(), clock=clock, disconnect_poll_s=0.005)
-    backend_object = Backend(settings.backends[0], cast(BackendClient, None))
+    config = settings.backends[0]
+    backend_object = Backend(config, cast(BackendClient, None), runtime=runtime_for(config.kind))
     return Setup(Admitter(settings.admission, pools, room), room, clock, probes, backend_object)
 
 

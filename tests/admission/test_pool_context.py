@@ -17,6 +17,7 @@ from gateway.memory.presets import preset_profile
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import StaticVramSource, VramReading
+from gateway.runtimes import runtime_for
 
 MODEL = "llama3.1:8b"
 
@@ -54,7 +55,8 @@ async def _sleep(_: float) -> None:
 
 def _directory(probes: _Probes) -> tuple[PoolDirectory, Backend]:
     settings = load_settings(None, admission={"probe_wait_s": 1.0, "default_context_tokens": 4096})
-    backend = Backend(BackendSettings(name="oll", url="http://127.0.0.1:9"), cast(BackendClient, None))
+    config = BackendSettings(name="oll", url="http://127.0.0.1:9")
+    backend = Backend(config, cast(BackendClient, None), runtime=runtime_for(config.kind))
     return PoolDirectory(settings, cast(BackendProbes, probes), sleep=_sleep), backend
 
 

@@ -15,6 +15,7 @@ from gateway.backends.client import BackendClient
 from gateway.config.settings import load_settings
 from gateway.memory.ollama_slots import SlotInference
 from gateway.memory.presets import preset_profile
+from gateway.runtimes import runtime_for
 
 MODEL = "llama3.1:8b"
 TWO = SlotInference(2, True, "inferred from /api/ps size 6.82 GiB at a context of 8,192 tokens", (2,))
@@ -23,7 +24,8 @@ ALONE = SlotInference(1, True, "Ollama runs embedding models with one sequence",
 
 def backend(**fields: Any) -> Backend:
     settings = load_settings(None, backends=[{"name": "o", "kind": "ollama", "url": "http://127.0.0.1:9", **fields}])
-    return Backend(settings.backends[0], cast(BackendClient, None))
+    config = settings.backends[0]
+    return Backend(config, cast(BackendClient, None), runtime=runtime_for(config.kind))
 
 
 CASES: list[tuple[str, dict[str, Any], SlotInference | None, int, str, bool]] = [

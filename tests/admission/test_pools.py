@@ -21,6 +21,7 @@ from gateway.errors import BackendNotReady
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.llamacpp import ServerProps
 from gateway.memory.sources.ollama import LoadedModel
+from gateway.runtimes import runtime_for
 from tests.support.clock import FakeClock
 
 MODEL = "llama3.1:8b"
@@ -81,7 +82,8 @@ def setup(kind: str = "llama-server", **admission: Any) -> tuple[PoolDirectory, 
     )
     probes, clock = FakeProbes(), FakeClock()
     pools = PoolDirectory(settings, cast(BackendProbes, probes), clock=clock, sleep=clock.sleep)
-    return pools, Backend(settings.backends[0], cast(BackendClient, None)), probes, clock
+    config = settings.backends[0]
+    return pools, Backend(config, cast(BackendClient, None), runtime=runtime_for(config.kind)), probes, clock
 
 
 async def test_llama_server_layout_from_props_unified_by_default() -> None:

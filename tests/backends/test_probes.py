@@ -20,6 +20,7 @@ from gateway.backends.prober import ProfileUnderivable
 from gateway.backends.probes import BackendProbes
 from gateway.config.settings import load_settings
 from gateway.memory.vram import StaticVramSource, VramUnavailable
+from gateway.runtimes import runtime_for
 from tests.support.fake_backend import FakeLLM, OllamaModels, json_answer, running, serve, text_answer
 
 PRESET = "llama3.1:8b"
@@ -41,7 +42,8 @@ async def probing(*backends: dict[str, Any], sources: dict[str, Any] | None = No
     """BackendProbes over ``backends`` (settings tables), built as gateway/backends/registry.py builds them."""
     settings = load_settings(None, backends=list(backends))
     async with aiohttp.ClientSession() as session:
-        built = [Backend(config, BackendClient.for_backend(session, config)) for config in settings.backends]
+        built = [Backend(config, BackendClient.for_backend(session, config), runtime=runtime_for(config.kind))
+                 for config in settings.backends]
         yield Probed(BackendProbes(session, sources), built, session)
 
 

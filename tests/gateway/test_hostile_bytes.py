@@ -26,6 +26,7 @@ from gateway.errors import BadRequest, InvalidField, Unauthorized
 from gateway.fitting.rewrite import encode_body
 from gateway.observability.metrics import Metrics, record
 from gateway.observability.truncations import TruncationLog
+from gateway.runtimes import runtime_for
 from gateway.support.safe_text import safe_text
 from gateway.tokens import TokenCount
 from tests.support.fake_backend import FakeLLM, running
@@ -72,7 +73,7 @@ def test_a_key_with_odd_bytes_is_an_unknown_key(headers: dict[str, str]) -> None
 async def test_url_for_never_changes_the_host(url: str, target: str) -> None:
     settings = BackendSettings(name="b", url=url)
     async with aiohttp.ClientSession() as session:
-        backend = Backend(settings, BackendClient.for_backend(session, settings))
+        backend = Backend(settings, BackendClient.for_backend(session, settings), runtime=runtime_for(settings.kind))
     built = backend.url_for(target)
     assert (built.scheme, built.host, built.explicit_port) == (backend.base_url.scheme, backend.base_url.host,
                                                                backend.base_url.explicit_port)

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from gateway.backends.client import BackendClient
 from gateway.domain import BackendKind
+from gateway.runtimes import runtime_for
 from gateway.tokens.byte_estimate import EstimateCounter
 from gateway.tokens.chain import CounterChain
 from gateway.tokens.count import Counter, CounterUnavailable, TokenCount
@@ -278,7 +279,7 @@ async def test_chain_calibrates_learning_counters() -> None:
 
 
 async def test_factory_orders_counters_per_backend_kind(tmp_path: Path) -> None:
-    from gateway.tokens.factory import CountingSettings, build_counter_chain
+    from gateway.tokens.factory import CountingSettings
 
     settings = CountingSettings(
         cache_dir=tmp_path,
@@ -288,14 +289,14 @@ async def test_factory_orders_counters_per_backend_kind(tmp_path: Path) -> None:
         tiktoken_dir=tmp_path,
     )
     async with aiohttp.ClientSession() as session:
-        llama = build_counter_chain(
-            BackendKind.LLAMA_SERVER, "local", client=BackendClient(session, "http://x"), settings=settings
+        llama = runtime_for(BackendKind.LLAMA_SERVER).counter_chain(
+            "local", client=BackendClient(session, "http://x"), settings=settings
         )
-        ollama = build_counter_chain(
-            BackendKind.OLLAMA, "qwen", client=BackendClient(session, "http://x"), settings=settings
+        ollama = runtime_for(BackendKind.OLLAMA).counter_chain(
+            "qwen", client=BackendClient(session, "http://x"), settings=settings
         )
-        openai = build_counter_chain(
-            BackendKind.OPENAI, "gpt", client=BackendClient(session, "http://x"), settings=settings
+        openai = runtime_for(BackendKind.OPENAI).counter_chain(
+            "gpt", client=BackendClient(session, "http://x"), settings=settings
         )
     assert [c.name for c in llama.counters] == [
         "llama-server",

@@ -14,6 +14,7 @@ from gateway.backends.client import BackendClient, BackendStatusError
 from gateway.config.settings import load_settings
 from gateway.dialects import parse
 from gateway.domain import Dialect, Operation, ParsedRequest
+from gateway.runtimes import runtime_for
 from gateway.tokens.prompt_counter import UNLISTED_CHAINS, PromptCounter
 
 VOCAB = Path(__file__).resolve().parents[2] / "gateway" / "data" / "vocab"
@@ -37,8 +38,9 @@ def setup(**counting: Any) -> tuple[PromptCounter, Backend]:
         None, backends=[{"name": "api", "kind": "openai", "url": "http://127.0.0.1:9"}],
         models={CONFIGURED: {"gguf_path": str(VOCAB / "ggml-vocab-llama-bpe.gguf")}}, counting=counting,
     )
-    backend = Backend(settings.backends[0], cast(BackendClient, NoTokenizeClient()), models=frozenset({LISTED}))
-    return PromptCounter(settings), backend
+    backend = Backend(settings.backends[0], cast(BackendClient, NoTokenizeClient()), models=frozenset({LISTED}),
+                      runtime=runtime_for(settings.backends[0].kind))
+    return PromptCounter(settings, runtime_for), backend
 
 
 def chat(model: str, content: str = "Hello there, how are you today?") -> ParsedRequest:

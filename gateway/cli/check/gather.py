@@ -20,6 +20,7 @@ from gateway.memory.sources.common import ProfileError
 from gateway.memory.sources.llamacpp import parse_models, parse_props, parse_slots, profile_from_llama_server
 from gateway.memory.sources.ollama import parse_ps, parse_tags, profile_from_show
 from gateway.memory.vram import VramUnavailable
+from gateway.runtimes import runtime_for
 from gateway.support.gguf_reader import read_gguf
 from gateway.support.redact import mask_in, mask_url
 
@@ -88,7 +89,8 @@ async def read_backend(
     base = BackendReadings(name=config.name, kind=kind, url=config.shown_url,
                            settings=resolve_settings(kind, config, log, None))
     try:
-        base = replace(base, vram=await BackendProbes(session).vram(Backend(config, client)))
+        base = replace(base, vram=await BackendProbes(session).vram(Backend(config, client,
+                                                                                runtime=runtime_for(config.kind))))
     except VramUnavailable as exc:
         base = replace(base, vram_problem=str(exc))
     try:
