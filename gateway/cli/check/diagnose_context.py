@@ -10,10 +10,12 @@ from __future__ import annotations
 from gateway.cli.check.fixes import KVGATE_CONFIG, Finding, Fix, Knob, Severity, fix_for
 from gateway.cli.check.memory_math import cache_type, largest_fitting_context, ollama_kv_bytes, pow2_at_least
 from gateway.cli.check.readings import BackendReadings, Known, ResidentModel
+from gateway.domain import BackendKind
 from gateway.memory.estimate_table import format_bytes
 from gateway.memory.kv import ShapeError
 from gateway.memory.ollama_slots import infer_ollama_slots
 from gateway.observability.pool_layout import layout_label
+from gateway.runtimes import PoolSource, runtime_for
 
 OVERSIZED_FACTOR = 4
 """A context this many times the longest prompt (and above OVERSIZED_MIN_TOKENS) reserves cache nobody uses."""
@@ -26,7 +28,7 @@ def _tokens(n: int) -> str:
 
 
 def model_findings(backend: BackendReadings, longest: Known[int]) -> list[Finding]:
-    if backend.kind != "ollama":
+    if not runtime_for(BackendKind(backend.kind)).lists_loaded_models:  # the residents come from its /api/ps
         return []
     findings = [_resident_count(backend)] if backend.residents else []
     for model in backend.residents:
@@ -125,7 +127,7 @@ def _model_context(backend: BackendReadings, model: ResidentModel, longest: Know
 
 def pool_findings(backend: BackendReadings, longest: Known[int]) -> list[Finding]:
     props = backend.props
-    if backend.kind != "llama-server" or props is None:
+    if runtime_for(BackendKind(backend.kind)).pool_source is not PoolSource.SERVER_PROPS or props is None:
         return []
     seen = backend.settings
     slots, per_slot, unified = props.total_slots, props.n_ctx_slot, seen.unified.value
