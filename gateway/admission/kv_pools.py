@@ -15,6 +15,9 @@
                   without them the backend is forwarded without admission, and says so at start-up and on the
                   status page.
 
+Which of these a backend has is its runtime's ``pool_source`` (gateway/runtimes/): the per-model pools of the models
+it shows loaded, the server's /props, or configuration.
+
 A layout is reused for ``admission.pool_refresh_s``, or until a response may have changed it (``mark_stale``).
 Several requests never start several probes of one pool: they share one. A probe that fails is retried for up to
 ``admission.probe_wait_s`` while its requests wait; then they are refused with 503 and Retry-After, never admitted

@@ -44,9 +44,12 @@ _RUNTIMES: dict[BackendKind, Runtime] = {
 
 
 def runtime_for(kind_or_backend: BackendKind | Backend) -> Runtime:
-    """The runtime of a kind of backend, or of a backend's kind."""
-    kind = kind_or_backend if isinstance(kind_or_backend, BackendKind) else kind_or_backend.kind
-    return _RUNTIMES[kind]
+    """The runtime of a kind of backend, or the one a backend carries (the one its registry wired: its kind's, or
+    whatever a test gave it), so the packages above and below ask one runtime per backend."""
+    if isinstance(kind_or_backend, BackendKind):
+        return _RUNTIMES[kind_or_backend]
+    carried = kind_or_backend.runtime
+    return carried if isinstance(carried, Runtime) else _RUNTIMES[kind_or_backend.kind]
 
 
 __all__ = ["PoolSource", "Runtime", "SequenceRule", "runtime_for"]

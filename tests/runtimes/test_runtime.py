@@ -109,3 +109,20 @@ def test_importing_the_runtimes_loads_no_io() -> None:
     code = "import sys, gateway.runtimes; print(sorted({'aiohttp', 'asyncio', 'redis'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_a_backend_is_asked_through_the_runtime_it_carries() -> None:
+    from typing import cast
+
+    from gateway.backends import Backend, BackendClient
+    from gateway.config.settings import BackendSettings
+    from gateway.runtimes.ollama import OllamaRuntime
+
+    class Pinned(OllamaRuntime):  # a test's own runtime, wired into one backend
+        reloads_on_num_ctx = False
+
+    config = BackendSettings(name="o", url="http://127.0.0.1:9")
+    carried = Backend(config, cast(BackendClient, None), runtime=Pinned())
+    plain = Backend(config, cast(BackendClient, None), runtime=runtime_for(config.kind))
+    assert runtime_for(carried) is carried.runtime and not runtime_for(carried).reloads_on_num_ctx
+    assert runtime_for(plain) is runtime_for(OLLAMA)
