@@ -104,7 +104,7 @@ async def test_a_sighup_during_start_up_does_not_kill_serve(hangups: str) -> Non
 async def test_other_commands_still_end_on_sighup() -> None:
     """Only serve reloads; for every other command the early handler gives SIGHUP back its default, delivering one
     that came meanwhile (here: before the command line was even read)."""
-    code = ("import os, signal, sys, time\nfrom gateway import hangups\nhangups.install()\n"
+    code = ("import os, signal, sys, time\nfrom gateway.cli import hangups\nhangups.install()\n"
             "os.kill(os.getpid(), signal.SIGHUP)\nassert hangups._state['pending']\n"
             "sys.argv = ['kvgate', 'check', '--config', '/no/such/kvgate.toml']\ntime.sleep(0.05)\nhangups.main()\n"
             "print('not ended')\n")
