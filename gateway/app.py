@@ -20,6 +20,7 @@ from gateway.admission.keyless import keyless_caps_line
 from gateway.admission.kv_pools import PoolDirectory, unadmitted_reason
 from gateway.admission.shared.shared_pools import SharedPools, shared_pools
 from gateway.admission.shared.shared_rates import TenantRates
+from gateway.admission.step import AdmissionStep
 from gateway.api import kvgate as kvgate_api
 from gateway.backends import BackendRegistry
 from gateway.backends.probes import BackendProbes
@@ -152,8 +153,8 @@ def create_app(
         live.subscribe(lambda reloaded: admitter.reconfigure(reloaded.admission))  # the same room and ledger
         metrics.watch_pools(room, pools.known)
         app[POOLS] = pools
-        app[PROXY] = Proxy(live, registry, app[PROMPT_COUNTER], app[ADMITTER], metrics, internal=app[INTERNAL],
-                           rates=TenantRates(shared))
+        step = AdmissionStep(admitter, registry, app[PROMPT_COUNTER], TenantRates(shared))
+        app[PROXY] = Proxy(live, registry, step, metrics, internal=app[INTERNAL])
         sharing = asyncio.create_task(shared.run(room.waiting_keys, room.redispatch)) if shared else None
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
         gpu_refresher = asyncio.create_task(_refresh_gpus_forever(app)) if refresh_models else None

@@ -17,7 +17,7 @@ from typing import Any
 from gateway import dialects
 from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, Rewrites, WaitingRoom
 from gateway.admission.kv_pools import PoolDirectory
-from gateway.admission.outcome import AdmissionOutcome, Admitted, Reserved, SummaryNote, Trim
+from gateway.admission.outcome import AdmissionOutcome, Granted, Reserved, SummaryNote, Trim
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
 from gateway.admission.sequence_rules import completions_run, ignored_n_note
 from gateway.admission.tenant_keys import Tenant, tenant_policy
@@ -81,12 +81,12 @@ class _Fitted:
     summary: SummaryNote | None = None
 
 
-def _tenant_capped(parsed: ParsedRequest, raw: bytes, cap: int | None, outcome: AdmissionOutcome) -> Admitted:
+def _tenant_capped(parsed: ParsedRequest, raw: bytes, cap: int | None, outcome: AdmissionOutcome) -> Granted:
     """Without a pool to plan against, only the tenant's output cap applies."""
     body, changes = apply_rewrites(parsed, Rewrites(max_output_tokens=cap))
     if body is None:
-        return Admitted(raw, outcome)
-    return Admitted(encode_body(body), replace(outcome, rewrites=tuple(changes)))
+        return Granted(raw, outcome)
+    return Granted(encode_body(body), replace(outcome, rewrites=tuple(changes)))
 
 
 def _check_prompt_cap(tenant: Tenant, count: TokenCount) -> str | None:
@@ -245,7 +245,7 @@ class Admitter:
         recount: Recount,
         fit: FitPolicy | None = None,
         deadline: tuple[float, str] | None = None,
-    ) -> Admitted:
+    ) -> Granted:
         """Reserve the request's sequences in ``pool`` (waiting if it must) and rewrite its body as planned; a
         request too long for the context meets ``fit``'s remedies (default: trim, then refuse). ``deadline`` (seconds,
         and the header that set it) shortens how long it may wait in the queue.
@@ -294,7 +294,7 @@ class Admitter:
             context_lowered=None if lowered is None else (lowered.asked_tokens, lowered.loaded_tokens),
             offload=self._pools.offload_for(pool),
         )
-        return Admitted(forwarded, outcome, permit)
+        return Granted(forwarded, outcome, permit)
 
     async def _acquire_fitting(
         self, parsed: ParsedRequest, pool: PoolSpec, cost: RequestCost, policy: Policy,

@@ -6,7 +6,7 @@ from it (``PromptCounter.calibrate``)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from dataclasses import dataclass
 
 from gateway.admission.outcome import AdmissionOutcome
 from gateway.backends import Backend
@@ -79,15 +79,23 @@ class ReplyChecks:
                           counted_tokens=found.counted_tokens, reported_tokens=found.reported_tokens,
                           counter=found.counter)
 
-    def truncation_header(
-        self, observer: UsageObserver, forwarded: TokenCount, status: int, sent: Mapping[str, str]
-    ) -> dict[str, str]:
-        """For a reply held whole before its headers go out: name a silent truncation in a header."""
-        if status != 200:
-            return {}
-        found = truncation.detect(forwarded.tokens, observer.prompt_tokens(), exact=forwarded.exact,
-                                  estimate_margin=self._live.settings.counting.estimate_safety_margin,
-                                  counter=forwarded.counter)
-        if found is None or found.counter == ESTIMATE_COUNTER:  # an estimate is checked by a recount, later
-            return {}
-        return {truncation.TRUNCATED_HEADER: found.describe()}
+
+@dataclass(frozen=True, slots=True)
+class TruncationCheck:
+    """What a reply held whole is checked against: the prompt kvgate forwarded, as counted."""
+
+    forwarded: TokenCount
+    estimate_margin: float
+    """``counting.estimate_safety_margin``."""
+
+
+def truncation_header(observer: UsageObserver, check: TruncationCheck, status: int) -> dict[str, str]:
+    """For a reply held whole before its headers go out: name a silent truncation in a header."""
+    if status != 200:
+        return {}
+    forwarded = check.forwarded
+    found = truncation.detect(forwarded.tokens, observer.prompt_tokens(), exact=forwarded.exact,
+                              estimate_margin=check.estimate_margin, counter=forwarded.counter)
+    if found is None or found.counter == ESTIMATE_COUNTER:  # an estimate is checked by a recount, later
+        return {}
+    return {truncation.TRUNCATED_HEADER: found.describe()}

@@ -16,7 +16,7 @@ from gateway import dialects
 from gateway.admission import AdmissionRejected, Ledger, LedgerSnapshot, PoolSpec, WaitingRoom
 from gateway.admission.admit import Admitter
 from gateway.admission.kv_pools import PoolDirectory
-from gateway.admission.outcome import AdmissionDecision, Admitted, Reserved, Trim, response_headers
+from gateway.admission.outcome import AdmissionDecision, Granted, Reserved, Trim, response_headers
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
 from gateway.admission.tenant_keys import Tenant
 from gateway.backends import Backend
@@ -134,12 +134,12 @@ def never_gone() -> bool:
 async def admit(
     s: Setup, request: tuple[ParsedRequest, bytes], pool: PoolSpec | None, count: TokenCount,
     tenant: Tenant = ANYONE, recount: FakeRecount | None = None, is_disconnected: Callable[[], bool] = never_gone,
-) -> Admitted:
+) -> Granted:
     parsed, raw = request
     return await s.admitter.admit(parsed, raw, pool, count, tenant, is_disconnected, recount or FakeRecount())
 
 
-def forwarded(admitted: Admitted) -> dict[str, Any]:
+def forwarded(admitted: Granted) -> dict[str, Any]:
     body: dict[str, Any] = orjson.loads(admitted.body)
     return body
 

@@ -28,6 +28,7 @@ from gateway.observability.metrics import Metrics, record
 from gateway.observability.truncations import TruncationLog
 from gateway.support.safe_text import safe_text
 from gateway.tokens import TokenCount
+from tests.support.exchanges import ended
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
 
@@ -134,7 +135,7 @@ def test_metrics_and_the_status_page_encode_odd_labels() -> None:
     room = WaitingRoom(Ledger())
     reservation = room.ledger.reserve(PoolKey("b\udcff", "llama3.1:8b\udcff"), 10, "t")
     metrics.watch_pools(room, lambda: {})
-    record(metrics, "/api/chat", 200, 0.1, backend="b\udcff", tenant="t\ud83d", outcome=None)
+    record(metrics, ended("/api/chat", 200, backend="b\udcff", tenant="t\ud83d"), 0.1)
     metrics.child(metrics.truncations, "b", "m\udcff").inc()
     text = metrics.exposition().decode()
     assert 'model="llama3.1:8b\ufffd"' in text
@@ -206,7 +207,7 @@ async def test_a_lone_surrogate_survives_a_rewrite(gateway: tuple[int, FakeLLM])
 
 def test_a_backends_own_kvgate_headers_never_break_the_count() -> None:
     metrics = Metrics()
-    record(metrics, "other", 200, 0.1, backend="b\udcff", tenant="-", outcome=None)
+    record(metrics, ended("other", 200, backend="b\udcff", tenant=None), 0.1)
     odd = AdmissionOutcome(TokenCount(3, "x\udcff", False), reserved=Reserved(PoolKey("b\udcff", "m"), 1, 1))
-    record(metrics, "other", 200, 0.1, backend="b\udcff", tenant="-", outcome=odd)
+    record(metrics, ended("other", 200, backend="b\udcff", tenant=None, outcome=odd), 0.1)
     assert b"kvgate_requests_total" in metrics.exposition()

@@ -31,7 +31,7 @@ from gateway.domain import Dialect
 from gateway.edge.headers import SSE
 from gateway.notice import Notice
 from gateway.notice.shapes import Shape
-from gateway.streaming import relay
+from gateway.streaming import RelayPlan, relay
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
 from tests.support.fake_backend import FakeLLM, OllamaModels, running, serve
@@ -295,8 +295,9 @@ async def relaying(backend_url: str, line: str) -> AsyncIterator[str]:
         async with aiohttp.ClientSession(auto_decompress=False) as http, http.post(
                 backend_url + "/v1/responses", data=await request.read(),
                 headers={"Content-Type": "application/json"}) as upstream:
-            return await relay(request, upstream, dialect=Dialect.OPENAI, idle_s=30.0, request_id="r",
-                               backend_label="sim", extra_headers={}, notice=Notice(Shape.RESPONSES, line))
+            relayed = await relay(request, upstream, RelayPlan(Dialect.OPENAI, "r", "sim", idle_s=30.0,
+                                                               notice=Notice(Shape.RESPONSES, line)))
+            return relayed.response
 
     async with serve({("POST", "/v1/responses"): handler}) as url:
         yield url

@@ -9,6 +9,7 @@ from gateway.admission.outcome import AdmissionOutcome, Reserved, SummaryNote, T
 from gateway.admission.types import PoolKey
 from gateway.observability.decisions import MAX_REASON_CHARS, DecisionLog, describe
 from gateway.tokens import TokenCount
+from tests.support.exchanges import ended
 
 COUNT = TokenCount(1200, "llama-server", True)
 POOL = PoolKey("cpp", "llama3.1:8b")
@@ -42,12 +43,12 @@ def test_describe(outcome: AdmissionOutcome | None, refusal: str | None, error: 
 
 def test_the_log_keeps_the_newest_within_its_bound_with_safe_text() -> None:
     log = DecisionLog(keep=3, wall_clock=lambda: 1700000000.0)
-    assert log.add(request_id="r0", tenant="t", backend="-", model="-", status=200, outcome=None) is None
+    assert log.add(ended(request_id="r0")) is None
     for i in range(5):
-        log.add(request_id=f"r{i}", tenant="ci\udcff", backend="cpp", model="-", status=200,
-                outcome=AdmissionOutcome(COUNT, reserved=HELD))
-    log.add(request_id="r9", tenant="web", backend="cpp", model="llama3.1:8b", status=503, outcome=None,
-            refusal="queue_full", error="x" * 2000)
+        log.add(ended(request_id=f"r{i}", tenant="ci\udcff", backend="cpp",
+                      outcome=AdmissionOutcome(COUNT, reserved=HELD)))
+    log.add(ended(status=503, request_id="r9", tenant="web", backend="cpp", model="llama3.1:8b", refusal="queue_full",
+                  error="x" * 2000))
     recent = log.snapshot()
     assert [e["request_id"] for e in recent] == ["r9", "r4", "r3"]
     assert recent[0]["decision"] == "refused" and len(recent[0]["reason"]) == MAX_REASON_CHARS
