@@ -13,9 +13,9 @@ from aiohttp import web
 
 from gateway.backends import Backend, BackendRegistry, models
 from gateway.backends.client import BackendCallError
-from gateway.edge.headers import REQUEST_ID
 from gateway.edge.routes import Route
 from gateway.errors import BackendUnavailable
+from gateway.support.hop_headers import REQUEST_ID
 
 log = logging.getLogger("gateway.proxy")  # the request path's logger, as before this left proxy.py
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from gateway.admission.outcome import AdmissionOutcome, decision_labels, log_fields
 from gateway.domain import ParsedRequest
-from gateway.observability.logs import sanitize
+from gateway.support.safe_text import sanitize
 from gateway.tokens import TokenCount
 
 CONTENT_CHARS = 200
