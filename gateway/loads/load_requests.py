@@ -23,10 +23,9 @@ from aiohttp import web
 
 from gateway import dialects
 from gateway.admission.admit import Admitter
-from gateway.admission.types import Rewrites
 from gateway.backends import Backend
 from gateway.config.settings import Settings
-from gateway.domain import KV_OPERATIONS, BackendKind, Dialect, ParsedRequest
+from gateway.domain import KV_OPERATIONS, BackendKind, Dialect, ParsedRequest, Rewrites
 from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.loads.keep_alive import HEADER, carries_admin_key, client_keep_alive, unloads
 
