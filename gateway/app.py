@@ -21,6 +21,7 @@ from gateway.admission.kv_pools import PoolDirectory, unadmitted_reason
 from gateway.admission.shared.shared_pools import SharedPools, shared_pools
 from gateway.admission.shared.shared_rates import TenantRates
 from gateway.admission.step import AdmissionStep
+from gateway.admission.tenant_keys import TenantDirectory
 from gateway.api import kvgate as kvgate_api
 from gateway.backends import BackendRegistry
 from gateway.backends.probes import BackendProbes
@@ -109,7 +110,7 @@ def create_app(
     app[SETTINGS] = settings
     metrics = Metrics()
     app[METRICS] = metrics
-    live = LiveSettings(settings)
+    live = LiveSettings(settings, directory=TenantDirectory)
     app[LIVE] = live
     app[RELOADER] = Reloader(live, settings_source, on_outcome=metrics.record_reload)
     live.subscribe(warn_if_exposed)  # a reload that drops the last key, on a public address, is as loud as a start

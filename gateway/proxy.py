@@ -283,7 +283,9 @@ class Proxy:
         assert backend is not None and outcome is not None
         checked = usage_counts_prompt(parsed, exchange.count)  # the reply's usage is checked for a truncation
         counted = checked or (exchange.rate_charge is not None and exchange.rate_charge.counts_tokens)
-        observer = exchange.usage = UsageObserver() if counted else exchange.usage
+        observer = UsageObserver() if counted else None
+        if observer is not None:
+            exchange.usage = observer  # read once the request is over: the rate's settlement
         notice = None if admitted.pool is None or admitted.fit is None else reply_notice(
             parsed, outcome, admitted.pool.slot_ctx_tokens, enabled=admitted.fit.notice)
         truncation = None if not checked else TruncationCheck(

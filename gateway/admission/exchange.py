@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from gateway.admission.charging import ReportedUsage
 from gateway.admission.outcome import AdmissionOutcome
 from gateway.admission.rate_charge import RateCharge
 from gateway.admission.tenant_keys import Tenant
@@ -35,7 +36,6 @@ if TYPE_CHECKING:  # the layers above: read only by the type checker
     from aiohttp import web
 
     from gateway.backends import Backend
-    from gateway.observability.usage import UsageObserver
 
 UNIDENTIFIED = "-"
 """The tenant label of a request whose key named no tenant (a bad key)."""
@@ -86,7 +86,7 @@ class Exchange:
     outcome: AdmissionOutcome | None = None
     rate_charge: RateCharge | None = None
     """What the tenant's rate was charged up front (once per request), settled when it ends."""
-    usage: UsageObserver | None = None
+    usage: ReportedUsage | None = None
     """What the reply reported or streamed (for the settlement, the output tokens and truncation checks)."""
     deadline: tuple[float, str] | None = None
     """The client's own limit on its wait (seconds, and the header that set it), read when admission needs it."""

@@ -109,10 +109,9 @@ from gateway.admission.types import (
     PoolSpec,
     Reject,
     RequestCost,
-    Rewrites,
     Wait,
 )
-from gateway.domain import BackendKind
+from gateway.domain import BackendKind, Rewrites
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 TOO_MANY_SEQUENCES = "too_many_sequences"

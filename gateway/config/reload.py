@@ -51,14 +51,16 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
-from gateway.admission.tenant_keys import TenantDirectory
 from gateway.config.reload_guard import ALLOW_SETTING, refusal_message, security_drops
 from gateway.config.settings import ConfigError, Settings
 from gateway.errors import InvalidConfig
+
+if TYPE_CHECKING:  # the type only: admission builds the directory, the app hands its constructor in
+    from gateway.admission.tenant_keys import TenantDirectory
 
 log = logging.getLogger("gateway.config.reload")
 
@@ -101,11 +103,13 @@ class ReloadReport:
 class LiveSettings:
     """The settings new requests run under and the tenant directory built from them: the one place the request path
     reads them from. A reload replaces both in one step and tells the listeners (no await between: a request sees
-    the old pair or the new, never half of each)."""
+    the old pair or the new, never half of each). ``directory`` builds the tenant directory from settings
+    (``TenantDirectory``: who is asking is admission's, a layer above configuration, so it is passed in)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, directory: Callable[[Settings], TenantDirectory]) -> None:
         self.settings = settings
-        self.tenants = TenantDirectory(settings)
+        self._directory = directory
+        self.tenants = directory(settings)
         self.reloaded_at_s: float | None = None
         """Wall-clock time of the last applied reload (None: none since start)."""
         self.needs_restart: tuple[str, ...] = ()
@@ -120,7 +124,7 @@ class LiveSettings:
         self._listeners.append(listener)
 
     def replace(self, settings: Settings, needs_restart: tuple[str, ...] = ()) -> None:
-        tenants = TenantDirectory(settings)
+        tenants = self._directory(settings)
         self.settings, self.tenants, self.needs_restart = settings, tenants, needs_restart
         self.reloaded_at_s = time.time()
         for listener in self._listeners:

@@ -13,22 +13,28 @@ or make Ollama reload a model at another context. Now:
                       decision and load
 
 Without admission, or on a backend with no pool to read, it is forwarded as before.
+
+This module drives the admitter (its pool, claim and load lock), which sits above the load level
+(tests/gateway/test_layers.py): it names the admitter's type only, and imports no admission module at run time. It
+belongs behind the one admission step, with the proxy's other calls into admission (issue 24, point 1).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from gateway import dialects
-from gateway.admission.admit import Admitter
-from gateway.admission.types import Rewrites
 from gateway.backends import Backend
 from gateway.config.settings import Settings
-from gateway.domain import KV_OPERATIONS, BackendKind, Dialect, ParsedRequest
+from gateway.domain import KV_OPERATIONS, BackendKind, Dialect, ParsedRequest, Rewrites
 from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.loads.keep_alive import HEADER, carries_admin_key, client_keep_alive, unloads
+
+if TYPE_CHECKING:  # the type only (module docstring)
+    from gateway.admission.admit import Admitter
 
 
 def keep_alive_of(headers: Mapping[str, str], path: str, raw: bytes, parsed: ParsedRequest, settings: Settings,

@@ -13,10 +13,11 @@ from gateway.backends import Backend
 from gateway.config.reload import LiveSettings
 from gateway.domain import NO_OUTPUT_OPERATIONS, BackendKind, Operation, ParsedRequest
 from gateway.observability import truncation
-from gateway.observability.logs import ClientText, request_id_var, sanitize
+from gateway.observability.logs import ClientText, request_id_var
 from gateway.observability.metrics import Metrics, record_truncation
 from gateway.observability.truncations import model_label
 from gateway.observability.usage import UsageObserver
+from gateway.support.safe_text import sanitize
 from gateway.tokens import TokenCount
 from gateway.tokens.prompt_counter import ESTIMATE_COUNTER, PromptCounter
 

@@ -23,7 +23,7 @@ from typing import Any
 from gateway.admission.exchange import Exchange
 from gateway.admission.outcome import decision_labels, log_fields
 from gateway.domain import ParsedRequest
-from gateway.observability.logs import sanitize
+from gateway.support.safe_text import sanitize
 
 CONTENT_CHARS = 200
 """How much of a message ``server.log_contents`` logs."""

@@ -6,15 +6,8 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.edge.headers import (
-    HOP_BY_HOP,
-    NDJSON,
-    REQUEST_ID,
-    SSE,
-    downstream_response_headers,
-    stream_kind,
-    upstream_request_headers,
-)
+from gateway.edge.headers import upstream_request_headers
+from gateway.support.hop_headers import HOP_BY_HOP, NDJSON, REQUEST_ID, SSE, downstream_response_headers, stream_kind
 
 
 def headers(*pairs: tuple[str, str]) -> CIMultiDictProxy[str]:

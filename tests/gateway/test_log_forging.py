@@ -26,8 +26,8 @@ from gateway.observability.logs import (
     TextFormatter,
     escape,
     quiet_malformed_requests,
-    sanitize,
 )
+from gateway.support.safe_text import sanitize
 from tests.support.fake_backend import FakeLLM, running
 
 FORGED = "FORGED 2026-01-01 00:00:00,000 ERROR [x] gateway.proxy: pwned"

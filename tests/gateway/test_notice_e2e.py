@@ -28,10 +28,10 @@ import pytest
 from aiohttp import web
 
 from gateway.domain import Dialect
-from gateway.edge.headers import SSE
 from gateway.notice import Notice
 from gateway.notice.shapes import Shape
 from gateway.streaming import RelayPlan, relay
+from gateway.support.hop_headers import SSE
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
 from tests.support.fake_backend import FakeLLM, OllamaModels, running, serve

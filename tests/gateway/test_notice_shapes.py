@@ -11,11 +11,11 @@ import pytest
 from gateway import dialects
 from gateway.admission.outcome import AdmissionOutcome, SummaryNote, Trim
 from gateway.domain import Dialect, Operation
-from gateway.edge.headers import NDJSON, SSE
 from gateway.notice import Notice, reply_notice
 from gateway.notice.shapes import Shape, add_to_reply, withheld
 from gateway.notice.stream import MAX_EVENT_BYTES, NoticeStream
 from gateway.notice.words import notice_line
+from gateway.support.hop_headers import NDJSON, SSE
 from gateway.tokens import TokenCount
 
 LINE = "[kvgate: 2 older messages were left out to fit the 8,192-token context]\n\n"

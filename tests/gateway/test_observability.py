@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from gateway.observability.logs import sanitize
+from gateway.support.safe_text import sanitize
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
 from tests.support.gateway_server import running_gateway

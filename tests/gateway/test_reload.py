@@ -23,6 +23,7 @@ import pytest
 from aiohttp import web
 
 from gateway.admission.rates import RateLimit, RateLimiter
+from gateway.admission.tenant_keys import TenantDirectory
 from gateway.app import ADMITTER, LIVE, create_app, start_server
 from gateway.config.reload import LiveSettings, Reloader, ReloadRefused, plan_reload
 from gateway.config.settings import ConfigError, Settings, load_settings
@@ -284,7 +285,7 @@ async def test_reloads_run_one_at_a_time() -> None:
             inside -= 1
         return load_settings(None, tenants={"t": {"max_active": 2}})
 
-    reloader = Reloader(LiveSettings(settings), slow_source)
+    reloader = Reloader(LiveSettings(settings, directory=TenantDirectory), slow_source)
     reports = await asyncio.gather(*(reloader.reload("test") for _ in range(4)))
     assert most == 1
     assert [report.changed for report in reports] == [("tenants.t",), (), (), ()]

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.admission.tenant_keys import TenantDirectory
 from gateway.config.reload import LiveSettings, Reloader, ReloadRefused
 from gateway.config.reload_guard import refusing_empty_file, security_drops
 from gateway.config.settings import Settings, load_settings
@@ -56,7 +57,7 @@ def _drops_named(drops: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _reloader(running: Settings, loaded: Settings) -> tuple[LiveSettings, Reloader]:
-    live = LiveSettings(running)
+    live = LiveSettings(running, directory=TenantDirectory)
     return live, Reloader(live, lambda: loaded)
 
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import aiohttp
 import pytest
 
+from gateway.backends.vram_exporter import ExporterSource, devices_from_metrics
 from gateway.memory.vram import DeviceMemory, ProcessMemory, VramReading, VramSource, VramUnavailable
-from gateway.memory.vram_exporter import ExporterSource, devices_from_metrics
 from kvsim.app import build_state
 from kvsim.gpu.exporter import EXPORTER_PATH, exporter_text
 from kvsim.gpu.vgpu import VirtualGpu

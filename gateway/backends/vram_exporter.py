@@ -4,7 +4,8 @@ dcgm-exporter:        DCGM_FI_DEV_FB_USED / DCGM_FI_DEV_FB_FREE (and _RESERVED),
 nvidia_gpu_exporter:  nvidia_smi_memory_used_bytes / _free_bytes / _total_bytes, labels uuid; nvidia_smi_index
                       and nvidia_smi_gpu_info{name=...} give the index and the name
 
-Exporters report no per-process usage.
+Exporters report no per-process usage. The source reads the URL with the backends' one HTTP call (``client.fetch``:
+its timeouts and its table of transport errors), so it sits in this package, above the memory math it fills in.
 """
 
 from __future__ import annotations
