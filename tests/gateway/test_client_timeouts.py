@@ -105,9 +105,14 @@ async def _attack_in_place(opened: list[float], slow: int) -> None:
     """Until every slow client has connected, or at least half have and no more connect for a moment: the rest
     wait in the kernel for accept() to resume (no cap, past the file limit)."""
     seen = -1
-    while len(opened) < slow // 2 or (len(opened) < slow and len(opened) != seen):
+
+    def connected_or_no_more_connect() -> bool:
+        nonlocal seen
+        placed = len(opened) >= slow or (len(opened) >= slow // 2 and len(opened) == seen)
         seen = len(opened)
-        await asyncio.sleep(0.05)
+        return placed
+
+    await until(connected_or_no_more_connect, timeout_s=10, interval_s=0.05)
 
 
 async def _drain(stream: asyncio.StreamReader, lines: list[str]) -> None:
@@ -148,7 +153,7 @@ async def test_slowloris_past_the_file_limit_leaves_legitimate_requests_answered
             closed_after: list[float] = []
             slow = [asyncio.create_task(_slow_client(port, opened, closed_after, stop))
                     for _ in range(attackers)]
-            await asyncio.wait_for(_attack_in_place(opened, attackers), timeout=10)  # open (or queued) and trickling
+            await _attack_in_place(opened, attackers)  # open (or queued) and trickling
             started = time.monotonic()
             connector = aiohttp.TCPConnector(force_close=True, limit=0)
             async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as http:
