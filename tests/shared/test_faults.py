@@ -86,6 +86,7 @@ class Tally:
     fenced: int = 0
     refused: int = 0
     killed: int = 0  # ended with their replica (SIGKILL)
+    decided: int = 0  # past the waiting room: admitted, refused or killed there
 
 
 @contextlib.asynccontextmanager
@@ -111,10 +112,13 @@ async def _request(one: Replica, index: int, backend: Backend, tally: Tally, hol
         permit = await one.room.acquire(POOL.key, POOL, cost, POLICY)
     except AdmissionRejected:
         tally.refused += 1
+        tally.decided += 1
         return
     except asyncio.CancelledError:
         tally.killed += 1
+        tally.decided += 1
         return
+    tally.decided += 1
     try:
         with fenced(one.shared.fences, permit.reservation.id), backend.running(permit.reservation.tokens):
             await asyncio.sleep(hold_s)  # the request runs at the backend this long
@@ -217,14 +221,14 @@ async def test_faults_never_overrun_the_pool_nor_leak(case: str) -> None:
             def long_requests_running() -> bool:
                 return backend.held_tokens == 3 * 2_533
 
-            await until(long_requests_running)
+            await until(long_requests_running, timeout_s=15)
             for index in range(TENANTS):
                 _spawn(replicas[index % 3], _request(replicas[index % 3], index, backend, tally, RUN_S))
 
-            def every_short_request_waits() -> bool:  # 593 tokens free: none of them fits yet
-                return sum(_waiting_here(one) for one in replicas) == TENANTS
+            def every_request_arrived() -> bool:  # 593 tokens free: the short ones wait (unless, slowed, they got in)
+                return sum(_waiting_here(one) for one in replicas) + tally.decided == TENANTS + 3
 
-            await until(every_short_request_waits)
+            await until(every_request_arrived, timeout_s=15)
             await fault(replicas, redis)
             every = [task for one in replicas for task in one.requests]
             await asyncio.wait_for(asyncio.gather(*every, return_exceptions=True), timeout=15)
