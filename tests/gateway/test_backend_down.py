@@ -106,7 +106,7 @@ async def test_a_backend_up_moments_ago_that_restarts_within_probe_wait_s_comple
         async with http.post(f"{gateway}{path}", json=body) as response:
             assert response.status == 200, await response.text()
         await runner.cleanup()  # the backend goes away: connections are refused now
-        await asyncio.sleep(0.1)  # the pool's layout is stale: the next request probes (refused) or forwards
+        await asyncio.sleep(0.15)  # 3x pool_refresh_s: the pool's layout is stale, the next request probes or forwards
 
         async def send() -> tuple[int, float]:
             started = time.monotonic()
@@ -115,7 +115,7 @@ async def test_a_backend_up_moments_ago_that_restarts_within_probe_wait_s_comple
                 return answer.status, time.monotonic() - started
 
         waiting = asyncio.ensure_future(send())
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(0.6)  # the restart takes this long
         assert not waiting.done()  # it waits for the restart: not a 502
         runner = await _serve_on(_fake_for(kind), port)  # back on the same port
         try:
@@ -130,18 +130,18 @@ async def test_after_probe_wait_s_without_an_answer_a_backend_is_down() -> None:
     """A backend that answered, then stays gone: a request right after waits through the restart window
     (probe_wait_s) and then gets the backend's refusal (502; or 503 while its pool could not be learned); once the
     backend has not answered for probe_wait_s, the next request gets a 502 at once."""
-    port = free_port()
+    port, probe_wait_s = free_port(), 0.5
     runner = await _serve_on(FakeLLM(Script(models=("m",))).app(), port)
     body = {"prompt": "hi", "n_predict": 4}
     async with running_gateway([_backend("llama-server", f"http://127.0.0.1:{port}")],
-                               admission={"probe_wait_s": 0.5, "pool_refresh_s": 0.01}) as gateway, \
+                               admission={"probe_wait_s": probe_wait_s, "pool_refresh_s": 0.01}) as gateway, \
             aiohttp.ClientSession() as http:
         async with http.post(f"{gateway}/completion", json=body) as response:
             assert response.status == 200
         await runner.cleanup()
         answers = []
-        for pause_s in (0.05, 0.6):
-            await asyncio.sleep(pause_s)
+        for pause_s in (0.05, 3 * probe_wait_s):  # well within the restart window, then 3x past it
+            await asyncio.sleep(pause_s)  # time without an answer from the backend is what is tested
             started = time.monotonic()
             async with http.post(f"{gateway}/completion", json=body) as response:
                 said = orjson.loads(await response.read())["error"]["message"]

@@ -54,6 +54,7 @@ from gateway.edge.headers import upstream_request_headers
 from gateway.errors import BadRequest, PayloadTooLarge, ServerBusy, UnsupportedMediaType
 from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
+from tests.support.poll import until
 from tests.tokens.vocab_vectors import SESSION_CACHE_DIR, vocab_path, warmed_cache_dir
 
 MODEL = "llama3.1:8b"
@@ -128,7 +129,7 @@ class PeakRss:
     async def _poll(self) -> None:
         while self._polling:
             self.mb = max(self.mb, _rss_mb(self.pid))
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # the sampling period
 
     async def __aenter__(self) -> PeakRss:
         self._poller = asyncio.create_task(self._poll())
@@ -183,14 +184,18 @@ async def kvgate(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Kvga
             drainer = asyncio.create_task(drain())
             running_kvgate = Kvgate(url, process.pid, log)
             async with aiohttp.ClientSession() as http:
-                deadline = time.monotonic() + 10
-                while await _counter(http, url) != "gguf; exact":  # the tokenizer loads meanwhile
-                    assert time.monotonic() < deadline, "the tokenizer did not load: " + "".join(log)
-                    await asyncio.sleep(0.02)
+
+                async def tokenizer_loaded() -> bool:  # it loads meanwhile
+                    return await _counter(http, url) == "gguf; exact"
+
+                try:
+                    await until(tokenizer_loaded, timeout_s=10, interval_s=0.02)
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}: {''.join(log)}") from None
             readings = [running_kvgate.rss_mb()]  # the baseline: RSS once it holds still (the load's threads done)
             deadline = time.monotonic() + 1
             while time.monotonic() < deadline and (len(readings) < 3 or max(readings[-3:]) - min(readings[-3:]) > 1):
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # a settling read, not a wait for a state: RSS may never hold still
                 readings.append(running_kvgate.rss_mb())
             running_kvgate.baseline_mb = readings[-1]
             yield running_kvgate
@@ -364,7 +369,7 @@ async def test_budget_waits_for_released_bytes_then_refuses_with_retry_after() -
     await first.take(80)
     second = budget.lease()
     waiting = asyncio.ensure_future(second.take(50))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a quarter of wait_s: it is still waiting then
     assert not waiting.done()
     first.release()
     await asyncio.wait_for(waiting, 1)
@@ -492,14 +497,12 @@ async def test_a_prompt_over_the_exact_count_bound_is_estimated_and_admitted() -
                             counting={"cache_dir": str(warmed_cache_dir(EXACT_VOCAB)),
                                       "exact_count_max_bytes": 4096}) as url, \
             aiohttp.ClientSession() as http:
-        counter = ""
-        for _ in range(500):  # the tokenizer loads meanwhile
+
+        async def tokenizer_loaded() -> bool:  # it loads meanwhile
             async with http.post(f"{url}/api/chat", json=SMALL) as response:
-                counter = response.headers["X-Kvgate-Counter"]
-            if counter == "gguf; exact":
-                break
-            await asyncio.sleep(0.02)
-        assert counter == "gguf; exact"
+                return response.headers["X-Kvgate-Counter"] == "gguf; exact"
+
+        await until(tokenizer_loaded, timeout_s=20, interval_s=0.02)
         large = {**SMALL, "messages": [{"role": "user", "content": "word " * 2000}]}  # 10,000 bytes
         async with http.post(f"{url}/api/chat", json=large) as response:
             assert response.status == 200

@@ -66,7 +66,7 @@ async def _burst(url: str, count: int) -> tuple[list[str], int]:
         while not done.is_set():
             status = await _get(url, "/kvgate/status")
             peak = max([peak, *(pool["active_sequences"] for pool in status["pools"] if pool["model"] == MODEL)])
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # the sampling period of the peak
 
     watcher = asyncio.ensure_future(watch())
     async with ollama.AsyncClient(host=url) as client:

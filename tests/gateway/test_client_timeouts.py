@@ -28,6 +28,7 @@ import pytest
 
 from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
+from tests.support.poll import until
 
 SLOW_CONNECTIONS = {"default cap": 250, "no cap": 500}
 """Slow clients per case: past the default cap (half the gateway's 512 files, less 64: 192), and past the file limit
@@ -104,9 +105,14 @@ async def _attack_in_place(opened: list[float], slow: int) -> None:
     """Until every slow client has connected, or at least half have and no more connect for a moment: the rest
     wait in the kernel for accept() to resume (no cap, past the file limit)."""
     seen = -1
-    while len(opened) < slow // 2 or (len(opened) < slow and len(opened) != seen):
+
+    def connected_or_no_more_connect() -> bool:
+        nonlocal seen
+        placed = len(opened) >= slow or (len(opened) >= slow // 2 and len(opened) == seen)
         seen = len(opened)
-        await asyncio.sleep(0.05)
+        return placed
+
+    await until(connected_or_no_more_connect, timeout_s=10, interval_s=0.05)
 
 
 async def _drain(stream: asyncio.StreamReader, lines: list[str]) -> None:
@@ -147,7 +153,7 @@ async def test_slowloris_past_the_file_limit_leaves_legitimate_requests_answered
             closed_after: list[float] = []
             slow = [asyncio.create_task(_slow_client(port, opened, closed_after, stop))
                     for _ in range(attackers)]
-            await asyncio.wait_for(_attack_in_place(opened, attackers), timeout=10)  # open (or queued) and trickling
+            await _attack_in_place(opened, attackers)  # open (or queued) and trickling
             started = time.monotonic()
             connector = aiohttp.TCPConnector(force_close=True, limit=0)
             async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as http:
@@ -207,7 +213,7 @@ async def _raw_exchange(port: int, head: bytes, trickle: bytes, every_s: float) 
             if reading.done():
                 break
             writer.write(bytes([byte]))
-            await asyncio.sleep(every_s)
+            await asyncio.sleep(every_s)  # the slow client itself: one byte every every_s
         await asyncio.wait_for(reading, timeout=10)
     except ConnectionError:
         pass
@@ -245,9 +251,12 @@ async def test_a_body_trickling_past_body_timeout_gets_408_and_reserves_nothing(
             assert response.status == 200
 
 
+HEADER_TIMEOUT_S = 0.3
+
+
 async def test_headers_trickling_past_header_timeout_close_the_connection() -> None:
     async with running(FakeLLM()) as fake, running_gateway(
-        [{"name": "ollama", "kind": "ollama", "url": fake.url}], server={"header_timeout_s": 0.3},
+        [{"name": "ollama", "kind": "ollama", "url": fake.url}], server={"header_timeout_s": HEADER_TIMEOUT_S},
     ) as url:
         port = int(url.rsplit(":", 1)[1])
         received, took_s = await _raw_exchange(port, b"GET /api/tags HTTP/1.1\r\n", b"Host: 127.0.0.1\r\n" * 10,
@@ -257,7 +266,7 @@ async def test_headers_trickling_past_header_timeout_close_the_connection() -> N
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /kvgate/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
-        await asyncio.sleep(0.5)  # idle past the header deadline: keep-alive is not a request's headers
+        await asyncio.sleep(3 * HEADER_TIMEOUT_S)  # idle 3x the header deadline: keep-alive is not headers
         writer.write(b"GET /kvgate/health HTTP/1.1\r\n")
         start = time.monotonic()
         rest = await asyncio.wait_for(reader.read(), timeout=5)  # body of the first answer, then EOF
@@ -285,14 +294,15 @@ async def test_a_client_that_stops_reading_is_cut_off_as_the_clients_fault(caplo
         assert isinstance(transport, asyncio.Transport)
         transport.pause_reading()  # the client stops reading
         start = time.monotonic()
-        for _ in range(100):  # the reservation is held while the stream is being written
-            if await _reserved_tokens(url) > 0:
-                break
-            await asyncio.sleep(0.05)
-        for _ in range(200):  # then released once the write deadline passes
-            if await _reserved_tokens(url) == 0:
-                break
-            await asyncio.sleep(0.1)
+
+        async def reservation_held() -> bool:  # while the stream is being written
+            return await _reserved_tokens(url) > 0
+
+        async def reservation_released() -> bool:  # once the write deadline passes
+            return await _reserved_tokens(url) == 0
+
+        await until(reservation_held, timeout_s=5, interval_s=0.05)
+        await until(reservation_released, timeout_s=20, interval_s=0.1)
         released_after_s = time.monotonic() - start
         print(f"\na client that stopped reading: response ended, reservation released after {released_after_s:.2f} s")
         assert await _reserved_tokens(url) == 0

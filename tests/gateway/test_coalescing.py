@@ -48,7 +48,7 @@ async def upstream(frames: list[tuple[float, bytes]], *, break_off: bool = False
         await response.prepare(request)
         for delay_s, frame in frames:
             if delay_s:
-                await asyncio.sleep(delay_s)
+                await asyncio.sleep(delay_s)  # the backend's pace between frames
             await response.write(frame)
             sent.append(time.monotonic())
         if break_off:

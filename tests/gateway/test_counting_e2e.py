@@ -18,6 +18,7 @@ import pytest
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
 from tests.support.llama_server import RunningLlamaServer, run_llama_server
+from tests.support.poll import until
 from tests.support.tinymodel import write_tiny_model
 
 TEMPLATE = Path(__file__).parents[1] / "tokens" / "data" / "llama-3.1-instruct.jinja"
@@ -146,13 +147,13 @@ async def test_no_request_waits_for_a_tokenizer_build(tmp_path: Path) -> None:
                 assert response.status == 200
                 assert response.headers["X-Kvgate-Counter"] == "estimate; estimate"
             counters = []
-            for _ in range(200):  # the Llama 3 tokenizer is fetched from /api/show and built meanwhile
+
+            async def counted_by_gguf() -> bool:  # the Llama 3 tokenizer is fetched from /api/show and built meanwhile
                 async with http.post(f"{url}/api/chat", json=chat) as response:
                     counters.append(response.headers["X-Kvgate-Counter"].split(";")[0])
-                if counters[-1] == "gguf":
-                    break
-                await asyncio.sleep(0.1)
-            assert counters[-1] == "gguf", counters
+                return counters[-1] == "gguf"
+
+            await until(counted_by_gguf, timeout_s=20, interval_s=0.1)
             assert await asyncio.to_thread(lambda: list(tmp_path.iterdir()))  # the tokenizer is cached on disk
     finally:
         await runner.cleanup()

@@ -39,7 +39,7 @@ async def test_declared_but_unsent_bodies_do_not_take_the_budget_from_other_clie
     ) as url:
         port = int(url.rsplit(":", 1)[1])
         stalled = [await _declare_and_stall(port, MiB - 1) for _ in range(4)]
-        await asyncio.sleep(0.2)  # their headers are parsed and their handlers run
+        await asyncio.sleep(0.2)  # their headers are parsed and their handlers run (kvgate shows no count of them)
         try:
             async with aiohttp.ClientSession() as http:
                 statuses = []
@@ -62,7 +62,7 @@ async def test_when_every_holder_waits_for_room_the_largest_loses_at_once() -> N
     await big.take(60)
     await small.take(30)
     big_more = asyncio.ensure_future(big.take(20))  # 110 > 100: waits
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # a moment in which it stays waiting
     assert not big_more.done()
     small_more = asyncio.ensure_future(small.take(20))  # every holder now waits: the largest (big) loses
     with pytest.raises(ServerBusy) as busy:
@@ -107,7 +107,7 @@ async def test_kvgate_count_bodies_are_held_under_the_same_budget() -> None:
                          + b"x" * (MiB * 95 // 100))
             await writer.drain()
             stalled.append(writer)
-        await asyncio.sleep(0.3)  # their bytes have arrived and are held
+        await asyncio.sleep(0.3)  # their bytes have arrived and are held (kvgate shows no count of them)
         try:
             big_chat = {**CHAT, "messages": [{"role": "user", "content": "y" * (MiB // 2)}]}
             async with aiohttp.ClientSession() as http:

@@ -21,6 +21,7 @@ import aiohttp
 from gateway.edge.limits import body_too_slow, slowest
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.gateway_server import running_gateway
+from tests.support.poll import until
 
 CAP = 20
 SLOW = 2 * CAP
@@ -78,7 +79,7 @@ async def slow_bodies(port: int, path: str, n: int) -> AsyncIterator[list[SlowBo
     for client in clients:  # one after another: the first CAP take the slots, the rest find the cap
         tasks.append(asyncio.create_task(client.run(stop)))
         await client.connected.wait()
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.005)  # a gap, so kvgate accepts them in this order (it shows no count to wait on)
     try:
         yield clients
     finally:
@@ -111,7 +112,7 @@ async def test_slow_bodies_at_the_cap_leave_legitimate_requests_answered() -> No
         port = int(url.rsplit(":", 1)[1])
         for path in ("/api/chat", BLOB):
             async with slow_bodies(port, path, SLOW) as clients:
-                await asyncio.sleep(0.3)
+                await asyncio.sleep(0.3)  # kvgate reads their headers and starts their bodies (no count to wait on)
                 started = time.monotonic()
                 connector = aiohttp.TCPConnector(force_close=True, limit=0)
                 async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=10)) as http:
@@ -132,10 +133,11 @@ async def test_a_body_slower_than_the_minimum_rate_is_cut_after_the_grace_period
     ) as url:
         port = int(url.rsplit(":", 1)[1])
         async with slow_bodies(port, "/api/chat", 1) as (read_whole,), slow_bodies(port, BLOB, 1) as (streamed,):
-            for _ in range(100):
-                if read_whole.ended_after_s is not None and streamed.ended_after_s is not None:
-                    break
-                await asyncio.sleep(0.05)
+
+            def both_ended() -> bool:
+                return read_whole.ended_after_s is not None and streamed.ended_after_s is not None
+
+            await until(both_ended, timeout_s=5, interval_s=0.05)
         print(f"\na body at 2 B/s (minimum 100 B/s after 0.5 s): read whole answered after {read_whole.ended_after_s}"
               f" s with {read_whole.answer[:12]!r}; streamed through closed after {streamed.ended_after_s} s")
         assert read_whole.ended_after_s is not None and read_whole.ended_after_s < 4
@@ -155,7 +157,7 @@ async def test_connections_past_the_per_peer_limit_get_429_in_the_routes_dialect
     ) as url:
         port = int(url.rsplit(":", 1)[1])
         held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # kvgate accepts and counts them (it shows no count to wait on)
         try:
             connector = aiohttp.TCPConnector(force_close=True)
             async with aiohttp.ClientSession(connector=connector) as http:
@@ -170,9 +172,12 @@ async def test_connections_past_the_per_peer_limit_get_429_in_the_routes_dialect
         finally:
             for _, writer in held:
                 writer.close()
-        await asyncio.sleep(0.1)
-        async with aiohttp.ClientSession() as http, http.get(f"{url}/api/tags") as response:
-            assert response.status == 200  # the held ones closed: room again
+
+        async def room_again() -> bool:  # the held ones closed
+            async with aiohttp.ClientSession() as http, http.get(f"{url}/api/tags") as response:
+                return response.status == 200
+
+        await until(room_again)
 
 
 def test_pure_decisions() -> None:

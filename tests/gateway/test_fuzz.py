@@ -48,6 +48,7 @@ from gateway.edge.routes import ROUTES, fallback_dialect
 from gateway.observability.logs import JsonFormatter, RequestIdFilter, TextFormatter
 from tests.support.fake_backend import MODELS, FakeLLM, running
 from tests.support.gateway_server import running_gateway
+from tests.support.poll import until
 
 BATCH = 50
 FULL_EXAMPLES = 400
@@ -400,15 +401,19 @@ def _absolute_path(target: str) -> str:
 
 async def pages(port: int) -> None:
     """The ledger is back to zero (once the fake's replies have ended) and both pages answer 200."""
-    for _ in range(200):
+    pools: list[dict[str, Any]] = []
+
+    async def ledger_back_to_zero() -> bool:
+        nonlocal pools
         status = await send(port, b"GET /kvgate/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert status.status == 200, status.body[:500]
         pools = orjson.loads(status.body)["pools"]
-        if all(p["reserved_tokens"] == 0 and p["active_sequences"] == 0 for p in pools):
-            break
-        await asyncio.sleep(0.01)
-    else:
-        raise AssertionError(f"the ledger is not back to zero: {pools}")
+        return all(p["reserved_tokens"] == 0 and p["active_sequences"] == 0 for p in pools)
+
+    try:
+        await until(ledger_back_to_zero, timeout_s=5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {pools}") from None
     html = await send(port, b"GET /kvgate/status HTTP/1.1\r\nHost: x\r\nAccept: text/html\r\nConnection: close\r\n\r\n")
     assert html.status == 200, html.body[:500]
     metrics = await send(port, b"GET /kvgate/metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")

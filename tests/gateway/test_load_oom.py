@@ -15,6 +15,7 @@ import pytest
 
 from tests.gateway.test_load_admission import backend_for, chat, foreign, simulator, stats
 from tests.support.gateway_server import running_gateway
+from tests.support.poll import until
 
 
 def _message(path: str, body: Any) -> str:
@@ -26,7 +27,11 @@ async def test_a_foreign_process_after_an_admitted_load_is_a_503_not_a_raw_500(p
     async with simulator(llama_fit=False, load_s=1.0, time_scale=1.0) as sim, \
             running_gateway([{**backend_for(sim), "cpu_offload": "off"}]) as url:
         answer = asyncio.ensure_future(chat(url, "llama3.1:8b", path=path))
-        await asyncio.sleep(0.3)  # kvgate's GPU check passed; the load is under way
+
+        async def load_under_way() -> bool:  # kvgate's GPU check passed; the simulator loads for load_s
+            return bool((await stats(sim))["loads"] >= 1)
+
+        await until(load_under_way)
         await foreign(sim, 20)
         status, headers, body = await answer
         counted = await stats(sim)

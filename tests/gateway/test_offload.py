@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from gateway.loads.gate import LOAD_POLL_S
 from tests.gateway.test_load_admission import GIB, backend_for, call, chat, foreign, resident, simulator, stats
 from tests.support.gateway_server import running_gateway
 
@@ -73,7 +74,7 @@ async def test_wait_waits_for_gpu_memory_and_loads_on_the_gpu_when_it_is_freed(t
     async with simulator() as sim, running_gateway([backend_for(sim)], residency=residency) as url:
         pid = await foreign(sim, 20)
         waiting = asyncio.ensure_future(chat(url, MODEL, options={"num_predict": 4}))
-        await asyncio.sleep(0.3)  # kvgate polls every LOAD_POLL_S: it has decided to wait by now
+        await asyncio.sleep(3 * LOAD_POLL_S)  # kvgate polls every LOAD_POLL_S: 3 polls, it has decided to wait by now
         assert not waiting.done() and (await stats(sim))["loads"] == 0
         status, _, _ = await call(sim, "DELETE", f"/sim/processes/{pid}")
         assert status in (200, 204)

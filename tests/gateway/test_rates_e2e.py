@@ -5,6 +5,7 @@ count against the tenant's tokens per minute."""
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import aiohttp
@@ -149,7 +150,12 @@ async def test_a_stream_cut_before_its_usage_is_charged_for_what_it_sent(cut: st
         if cut == "client":
             script.release.set()
             await until(lambda: fake.cancelled or fake.script.release.is_set())
-            await asyncio.sleep(0.2)  # kvgate's next write fails: the request ends there
+
+            async def the_cut_request_ended() -> re.Match[str] | None:  # its next write failed: ended and settled
+                async with http.get(f"{url}/kvgate/metrics") as reply:
+                    return re.search(r'kvgate_tenant_requests_total\{status="\d+",tenant="small"\}', await reply.text())
+
+            await until(the_cut_request_ended)
         status, _, body = await _post(http, url, "/api/chat", "small-key-0123456789",
                                       {**stream, "stream": False})
     print(f"\ncut by the {cut}: the next request got {status}: {body.get('error')}")

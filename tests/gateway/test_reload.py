@@ -280,7 +280,7 @@ async def test_reloads_run_one_at_a_time() -> None:
         with lock:
             inside += 1
             most = max(most, inside)
-        time.sleep(0.05)
+        time.sleep(0.05)  # a slow source: the reloads overlap unless they are serialized
         with lock:
             inside -= 1
         return load_settings(None, tenants={"t": {"max_active": 2}})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -24,6 +24,7 @@ from aiohttp import web
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
 from tests.support.gateway_server import running_gateway
+from tests.support.poll import until
 
 HOST = SimConfig(mode="llama-server", ctx_size=8192, time_scale=1.0, prompt_tokens_per_s=20_000.0,
                  gen_tokens_per_s=100.0, min_response_tokens=30, max_response_tokens=30)
@@ -116,6 +117,20 @@ async def test_requests_naming_no_listed_model_spread_over_llama_servers_too(mod
     assert all(_waited_s(headers) < 0.05 for _, headers, _ in results)
 
 
+def _gateway_holds(
+    http: aiohttp.ClientSession, url: str, *, active: int = 0, queued: int = 0
+) -> Callable[[], Awaitable[bool]]:
+    """A predicate for ``until``: kvgate's pools, all hosts together, run ``active`` sequences and queue ``queued``."""
+
+    async def pools_hold() -> bool:
+        async with http.get(f"{url}/kvgate/status") as reply:
+            pools = (await reply.json())["pools"]
+        return (sum(p["active_sequences"] for p in pools), sum(p["queued"] for p in pools)) == (active, queued)
+
+    pools_hold.__qualname__ = f"kvgate's pools hold {active} active, {queued} queued"
+    return pools_hold
+
+
 def _waited_s(headers: dict[str, str]) -> float:
     return float(headers.get("X-Kvgate-Queue-Wait", "0"))
 
@@ -140,7 +155,7 @@ async def test_a_conversation_stays_on_its_host_while_it_fits_then_moves() -> No
             assert headers["X-Kvgate-Backend"] == "gpu0" and headers["X-Kvgate-Route"].startswith("sticky")
         # five long requests of other conversations: 3 fill gpu0, 2 leave room on gpu1
         fillers = asyncio.gather(*(_post(http, url, _chat(10 + i, max_tokens=2000)) for i in range(5)))
-        await asyncio.sleep(0.05)
+        await until(_gateway_holds(http, url, active=5))
         status, moved, _ = await _post(http, url, turn("turn 3", max_tokens=2000))
         rows.append((status, moved))
         filled = await fillers
@@ -159,17 +174,23 @@ async def test_a_killed_host_loses_only_what_it_was_streaming() -> None:
             aiohttp.ClientSession() as http:
         dead_runner, _ = running[0]
         streamed: list[tuple[int, dict[str, str], bytes]] = []
+        begun: list[int] = []
 
         async def stream(index: int) -> None:
             async with http.post(f"{url}/v1/chat/completions", json=_chat(index, stream=True)) as response:
-                body = await response.read()
+                first = await response.content.readany()
+                begun.append(index)
+                body = first + await response.read()
                 streamed.append((response.status, dict(response.headers), body))
+
+        def six_streams_begun() -> bool:
+            return len(begun) == 6
 
         # 8 requests: 3 streaming on each host, 1 queued on each (their pools hold 3 at a time)
         tasks = [asyncio.create_task(stream(i)) for i in range(6)]
-        await asyncio.sleep(0.05)
+        await until(six_streams_begun)
         queued = [asyncio.create_task(_post(http, url, _chat(100 + i))) for i in range(2)]
-        await asyncio.sleep(0.1)
+        await until(_gateway_holds(http, url, active=6, queued=2))
         await _kill(dead_runner)
         await asyncio.gather(*tasks)
         after = await asyncio.gather(*queued, *(_post(http, url, _chat(200 + i, max_tokens=200)) for i in range(3)))

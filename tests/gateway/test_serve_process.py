@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import signal
 import sys
@@ -13,6 +14,7 @@ import aiohttp
 import pytest
 
 from tests.support.fake_backend import FakeLLM, running
+from tests.support.poll import until
 
 
 async def test_serve_starts_proxies_and_stops_on_sigterm() -> None:
@@ -43,18 +45,15 @@ async def test_serve_starts_proxies_and_stops_on_sigterm() -> None:
                 await process.wait()
 
 
-async def _imports_under_way(pid: int) -> None:
-    """Until the process maps its first module from site-packages: kvgate's own imports have begun (pydantic,
+def _imports_under_way(pid: int) -> bool:
+    """Whether the process maps a module from site-packages: kvgate's own imports have begun (pydantic,
     aiohttp, ...), the 0.3 s in which a SIGHUP used to kill it. Before this the interpreter is still starting (a
     SIGHUP then, before any of kvgate's code runs, still has its default action: nothing in a process can help it)."""
-    while True:
-        try:
-            maps = Path(f"/proc/{pid}/maps").read_text()  # noqa: ASYNC240 (procfs: never blocks)
-        except OSError:  # it ended already
-            return
-        if "site-packages/" in maps or "dist-packages/" in maps:
-            return
-        await asyncio.sleep(0.001)
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()  # procfs: never blocks
+    except OSError:  # it ended already
+        return True
+    return "site-packages/" in maps or "dist-packages/" in maps
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see the imports begin")
@@ -70,12 +69,12 @@ async def test_a_sighup_during_start_up_does_not_kill_serve(hangups: str) -> Non
         )
         assert process.stderr is not None
         try:
-            await asyncio.wait_for(_imports_under_way(process.pid), timeout=20)
+            await until(functools.partial(_imports_under_way, process.pid), timeout_s=20, interval_s=0.001)
             process.send_signal(signal.SIGHUP)
             first = asyncio.ensure_future(process.stderr.readline())
             sent = 1
             while hangups.startswith("every") and not first.done() and process.returncode is None:
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # the hang-ups' rate: one every 10 ms is the attack
                 with contextlib.suppress(ProcessLookupError):
                     process.send_signal(signal.SIGHUP)
                     sent += 1

@@ -15,7 +15,7 @@ async def test_a_task_that_swallows_its_first_cancellations_is_stopped() -> None
         nonlocal swallowed
         while True:
             try:
-                await asyncio.sleep(10)
+                await asyncio.sleep(10)  # idles until cancelled
             except asyncio.CancelledError:
                 swallowed += 1
                 if swallowed >= 3:

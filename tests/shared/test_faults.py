@@ -29,12 +29,18 @@ from gateway.admission.types import Policy
 from gateway.config.shared_ledger import SharedLedgerSettings
 from gateway.support.tasks import stop
 from tests.support.llama_server import free_port
+from tests.support.poll import until
 from tests.support.redis_server import RunningRedis, running_redis
 from tests.support.tcp_cut import CuttableProxy
 
 POOL = PoolSpec.unified_pool("ls", "", pool_tokens=8_192, slots=4)
 POLICY = Policy(queue_timeout_s=8.0, overtake_window_s=0.5)
 TTL_S, MARGIN_S = 1.0, 0.3
+FAULT_S = 3 * TTL_S
+"""A fault "past every lease's deadline" lasts 3x the ttl: every lease renewed before it has lapsed by then."""
+PAUSED_TTL_S, PAUSE_S = 3.0, 0.5
+"""A pause "under the fence deadline": the first fence may come ttl - margin - ttl / 3 (the renewal period) = 1.7 s
+after the pause begins, over 3x the pause; so in that case alone the leases last 3 s."""
 TENANTS = 102
 RUN_S = 0.06
 LONG_S = 2.0  # replica 0's three long requests (7,599 of 8,192 tokens, as in the issue), running when the fault hits
@@ -80,12 +86,13 @@ class Tally:
     fenced: int = 0
     refused: int = 0
     killed: int = 0  # ended with their replica (SIGKILL)
+    decided: int = 0  # past the waiting room: admitted, refused or killed there
 
 
 @contextlib.asynccontextmanager
-async def replica(port: int, on_unreachable: str) -> AsyncIterator[Replica]:
+async def replica(port: int, on_unreachable: str, ttl_s: float) -> AsyncIterator[Replica]:
     async with CuttableProxy(port) as path:
-        settings: dict[str, Any] = {"redis_url": path.url, "lease_ttl_s": TTL_S, "fence_margin_s": MARGIN_S,
+        settings: dict[str, Any] = {"redis_url": path.url, "lease_ttl_s": ttl_s, "fence_margin_s": MARGIN_S,
                                     "poll_s": 0.02, "timeout_s": 0.1, "on_unreachable": on_unreachable, "replicas": 3}
         config = SharedLedgerSettings(**settings)
         shared = SharedPools(SharedStore.from_url(path.url, prefix="kvgate", timeout_s=0.1), config)
@@ -105,13 +112,16 @@ async def _request(one: Replica, index: int, backend: Backend, tally: Tally, hol
         permit = await one.room.acquire(POOL.key, POOL, cost, POLICY)
     except AdmissionRejected:
         tally.refused += 1
+        tally.decided += 1
         return
     except asyncio.CancelledError:
         tally.killed += 1
+        tally.decided += 1
         return
+    tally.decided += 1
     try:
         with fenced(one.shared.fences, permit.reservation.id), backend.running(permit.reservation.tokens):
-            await asyncio.sleep(hold_s)
+            await asyncio.sleep(hold_s)  # the request runs at the backend this long
         tally.admitted += 1
     except AdmissionRejected:
         tally.fenced += 1
@@ -147,13 +157,13 @@ class RedisBox:
 
 async def _kill_redis(replicas: list[Replica], redis: RedisBox) -> None:
     redis.kill()
-    await asyncio.sleep(1.5)  # past every lease's deadline: the requests still running are fenced
+    await asyncio.sleep(FAULT_S)  # the outage: past every lease's deadline, the requests still running are fenced
     redis.start()  # empty
 
 
 async def _pause_redis(replicas: list[Replica], redis: RedisBox) -> None:
     redis.signal(signal.SIGSTOP)
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(FAULT_S)  # the outage itself
     redis.signal(signal.SIGCONT)
 
 
@@ -168,54 +178,62 @@ async def _kill_replica(replicas: list[Replica], redis: RedisBox) -> None:
 
 async def _pause_replica(replicas: list[Replica], redis: RedisBox) -> None:
     replicas[0].path.pause()  # nothing it sends arrives, nothing comes back: under its fence deadline
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(PAUSE_S)  # the pause itself
     replicas[0].path.resume()
 
 
 async def _cut_off_replica(replicas: list[Replica], redis: RedisBox) -> None:
     replicas[0].path.pause()  # replica 0 alone: the others still reach Redis
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(FAULT_S)  # the outage itself
     replicas[0].path.resume()
 
 
 async def _held_then_redis_killed(replicas: list[Replica], redis: RedisBox) -> None:
     redis.kill()
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(FAULT_S)  # the outage itself
     redis.start()
 
 
-CASES: dict[str, tuple[str, Fault]] = {
-    "redis killed 1.5 s": ("refuse", _kill_redis),
-    "redis paused 1.5 s": ("refuse", _pause_redis),
-    "redis restarted empty": ("refuse", _restart_redis),
-    "replica killed": ("refuse", _kill_replica),
-    "replica paused 0.3 s": ("refuse", _pause_replica),
-    "replica cut off 1.5 s": ("refuse", _cut_off_replica),
-    "local_share, redis killed": ("local_share", _held_then_redis_killed),
+CASES: dict[str, tuple[str, Fault, float]] = {  # on_unreachable, the fault, lease_ttl_s
+    f"redis killed {FAULT_S:g} s": ("refuse", _kill_redis, TTL_S),
+    f"redis paused {FAULT_S:g} s": ("refuse", _pause_redis, TTL_S),
+    "redis restarted empty": ("refuse", _restart_redis, TTL_S),
+    "replica killed": ("refuse", _kill_replica, TTL_S),
+    f"replica paused {PAUSE_S:g} s": ("refuse", _pause_replica, PAUSED_TTL_S),
+    f"replica cut off {FAULT_S:g} s": ("refuse", _cut_off_replica, TTL_S),
+    "local_share, redis killed": ("local_share", _held_then_redis_killed, TTL_S),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 async def test_faults_never_overrun_the_pool_nor_leak(case: str) -> None:
-    on_unreachable, fault = CASES[case]
+    on_unreachable, fault, ttl_s = CASES[case]
     backend, tally = Backend(), Tally()
     with contextlib.ExitStack() as stack:
         redis = RedisBox(free_port(), stack)
         redis.start()
         async with contextlib.AsyncExitStack() as replicas_stack:
-            replicas = [await replicas_stack.enter_async_context(replica(redis.port, on_unreachable))
+            replicas = [await replicas_stack.enter_async_context(replica(redis.port, on_unreachable, ttl_s))
                         for _ in range(3)]
             for index in range(3):  # issue 23: replica 0 holds 7,599 of 8,192 when the fault hits
                 _spawn(replicas[0], _request(replicas[0], 1_000 + index, backend, tally, LONG_S, tokens=2_533))
-            await asyncio.sleep(0.2)
+
+            def long_requests_running() -> bool:
+                return backend.held_tokens == 3 * 2_533
+
+            await until(long_requests_running, timeout_s=15)
             for index in range(TENANTS):
                 _spawn(replicas[index % 3], _request(replicas[index % 3], index, backend, tally, RUN_S))
-            await asyncio.sleep(0.1)
+
+            def every_request_arrived() -> bool:  # 593 tokens free: the short ones wait (unless, slowed, they got in)
+                return sum(_waiting_here(one) for one in replicas) + tally.decided == TENANTS + 3
+
+            await until(every_request_arrived, timeout_s=15)
             await fault(replicas, redis)
             every = [task for one in replicas for task in one.requests]
             await asyncio.wait_for(asyncio.gather(*every, return_exceptions=True), timeout=15)
             local = sum(one.room.ledger.snapshot(POOL.key).reserved_tokens for one in replicas)
-        leaked = await _leaked_tokens(redis.port)
+        leaked = await _leaked_tokens(redis.port, ttl_s)
     row = (f"  {case:<26} | {tally.admitted:>8} | {tally.fenced:>6} | {tally.refused:>7} | {tally.killed:>6} | "
            f"{backend.max_held_tokens:>6,} / {POOL.pool_tokens:,} | {leaked + local:>6}")
     ROWS.append(row)
@@ -227,19 +245,27 @@ async def test_faults_never_overrun_the_pool_nor_leak(case: str) -> None:
     assert tally.admitted >= 1  # the fleet kept serving around the fault (refuse mode refuses while it is down)
 
 
+def _waiting_here(one: Replica) -> int:
+    stats = one.room.stats().get(POOL.key)
+    return 0 if stats is None else stats.queued
+
+
 def _spawn(one: Replica, coro: Awaitable[None]) -> None:
     task = asyncio.ensure_future(coro)
     one.requests.add(task)
 
 
-async def _leaked_tokens(port: int) -> int:
-    """What the ledger in Redis still holds once every lease not released has expired (a script purges them)."""
+async def _leaked_tokens(port: int, ttl_s: float) -> int:
+    """What the ledger in Redis still holds once every lease not released has expired (a script purges them): it
+    waits up to 3x the ttl for that."""
     store = SharedStore.from_url(f"redis://127.0.0.1:{port}/0", prefix="kvgate", timeout_s=1.0)
     try:
-        for _ in range(int((TTL_S + 1.0) / 0.05)):
-            if (await store.totals(POOL.key)).totals.reserved_tokens == 0:
-                return 0
-            await asyncio.sleep(0.05)
+
+        async def ledger_empty() -> bool:
+            return (await store.totals(POOL.key)).totals.reserved_tokens == 0
+
+        with contextlib.suppress(AssertionError):  # the caller says how much leaked
+            await until(ledger_empty, timeout_s=3 * ttl_s, interval_s=0.05)
         return (await store.totals(POOL.key)).totals.reserved_tokens
     finally:
         await store.close()

@@ -65,7 +65,7 @@ async def test_a_replica_shows_the_other_replicas_reservations_in_the_shared_tot
             async def hold() -> int:
                 async with http.post(f"{a}/v1/chat/completions", json=HELD) as reply:
                     await reply.content.readany()
-                    await asyncio.sleep(3600)
+                    await asyncio.sleep(3600)  # the stream stays open until the test cancels it
                     return reply.status
 
             held = [asyncio.ensure_future(hold()) for _ in range(2)]

@@ -8,15 +8,24 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.admission.ledger import Ledger
+from gateway.admission.ledger import Ledger, Reservation
 from gateway.admission.rates import RateLimit
-from gateway.admission.shared.store import Limits, Place, SharedStore, announcement
+from gateway.admission.shared.store import Answer, Limits, Place, SharedStore, announcement
 from gateway.admission.types import PoolKey
 from tests.support.llama_server import free_port
+from tests.support.poll import until
 from tests.support.redis_server import running_redis
 
 KEY = PoolKey("gpu0", "llama3.1:8b")
 UNIFIED = Limits(slots=4, pool_tokens=10_000, tenant_max_active=None, tenant_share_tokens=None)
+POLL_S = 0.05
+"""How often a test asks Redis again while it waits for a lease or a place to lapse."""
+
+
+async def _admitted(store: SharedStore, ask: Reservation, ttl_s: float, overtake_s: float = 5.0) -> Answer | None:
+    """``store.reserve``'s answer when it is ``ok``, else None (a refusal changes nothing in Redis)."""
+    answer = await store.reserve(ask, UNIFIED, ttl_s, overtake_s=overtake_s)
+    return answer if answer.verdict == "ok" else None
 
 
 @pytest.fixture
@@ -65,9 +74,12 @@ async def test_a_release_frees_once_and_a_dead_replicas_leases_expire(two: list[
     assert (await a.reserve(dying, UNIFIED, ttl_s=0.3)).verdict == "ok"  # replica a then stops renewing
     blocked = Ledger().reserve(KEY, 5_000, "web")
     assert (await b.reserve(blocked, UNIFIED, ttl_s=10)).verdict == "tokens"
-    await asyncio.sleep(0.4)
-    answer = await b.reserve(blocked, UNIFIED, ttl_s=10)
-    assert (answer.verdict, answer.expired, answer.totals.reserved_tokens) == ("ok", 1, 5_000)
+
+    async def dying_lease_expired() -> Answer | None:
+        return await _admitted(b, blocked, ttl_s=10)
+
+    answer = await until(dying_lease_expired, timeout_s=5, interval_s=POLL_S)
+    assert answer is not None and (answer.verdict, answer.expired, answer.totals.reserved_tokens) == ("ok", 1, 5_000)
 
 
 async def test_a_renewal_extends_live_leases_and_never_adds_back_one_that_expired(two: list[SharedStore]) -> None:
@@ -75,14 +87,18 @@ async def test_a_renewal_extends_live_leases_and_never_adds_back_one_that_expire
     add the lease back unchecked (the pool at 110 %). Now it extends only live leases and names the missing one; the
     capacity-checked re-add then finds no room (a fences the request instead)."""
     a, b = two
+    ttl_s, renew_every_s = 0.45, 0.15  # renewed 3x as often as it would lapse
     live = Ledger().reserve(KEY, 2_000, "ci")
-    assert (await a.reserve(live, UNIFIED, ttl_s=0.3)).verdict == "ok"
-    for _ in range(3):
-        await asyncio.sleep(0.15)
-        await a.renew(KEY, [live], ttl_s=0.3)  # renewed in time: still there
+    assert (await a.reserve(live, UNIFIED, ttl_s=ttl_s)).verdict == "ok"
+    for _ in range(4):  # 0.6 s in all: past the first lease's ttl
+        await asyncio.sleep(renew_every_s)  # the time between two renewals is what is tested here
+        await a.renew(KEY, [live], ttl_s=ttl_s)  # renewed in time: still there
         assert (await a.totals(KEY)).totals.reserved_tokens == 2_000
-    await asyncio.sleep(0.4)
-    assert (await a.totals(KEY)).totals.reserved_tokens == 0  # expired: cut off for longer than the ttl
+
+    async def live_lease_expired() -> bool:  # cut off for longer than the ttl
+        return (await a.totals(KEY)).totals.reserved_tokens == 0
+
+    await until(live_lease_expired, timeout_s=5, interval_s=POLL_S)
     taken = Ledger().reserve(KEY, 9_000, "web")
     assert (await b.reserve(taken, UNIFIED, ttl_s=10)).verdict == "ok"
     renewed = await a.renew(KEY, [live], ttl_s=0.3)
@@ -115,8 +131,11 @@ async def test_a_restarted_empty_redis_takes_the_running_requests_back_before_ne
         assert renewed.missing == (a.lease_id(running),)
         assert (await a.reserve(running, UNIFIED, ttl_s=0.5, readd=True)).verdict == "ok"
         assert (await b.reserve(new, UNIFIED, ttl_s=0.5)).verdict == "tokens"  # 6,000 + 6,000 > 10,000
-        await asyncio.sleep(0.6)  # a stopped renewing: its lease expired, the grace is over
-        assert (await b.reserve(new, UNIFIED, ttl_s=0.5)).verdict == "ok"
+
+        async def grace_over_and_a_lease_expired() -> Answer | None:  # a stopped renewing
+            return await _admitted(b, new, ttl_s=0.5)
+
+        await until(grace_over_and_a_lease_expired, timeout_s=5, interval_s=POLL_S)
         await a.close()
         await b.close()
 
@@ -196,7 +215,7 @@ async def test_a_long_waiting_request_keeps_its_room_across_replicas(two: list[S
     hold = ledger_b.reserve(KEY, 4_000, "web")
     assert (await b.reserve(hold, UNIFIED, ttl_s=10)).verdict == "ok"
     assert (await a.join_queue(KEY, "7", max_queue=10, ttl_s=10, place=Place(8_000, 1, "ci"))).placed
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # the waiter waits 5x the 0.01 s window below, and 1/1,200 of the 60 s one
     early = ledger_b.reserve(KEY, 1_000, "web")
     passed = await b.reserve(early, UNIFIED, ttl_s=10, overtake_s=60)  # within the window
     late = await b.reserve(ledger_b.reserve(KEY, 1_000, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)
@@ -212,12 +231,16 @@ async def test_a_long_waiting_request_keeps_its_room_across_replicas(two: list[S
 
 async def test_a_dead_replicas_waiter_stops_holding_room_when_its_place_expires(two: list[SharedStore]) -> None:
     a, b = two
-    assert (await a.join_queue(KEY, "1", max_queue=10, ttl_s=0.2, place=Place(9_000, 1, "ci"))).placed
-    await asyncio.sleep(0.05)
+    assert (await a.join_queue(KEY, "1", max_queue=10, ttl_s=0.3, place=Place(9_000, 1, "ci"))).placed
+    await asyncio.sleep(0.05)  # past the 0.01 s overtake window (5x), well within the place's 0.3 s ttl (6x)
     blocked = await b.reserve(Ledger().reserve(KEY, 5_000, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)
     assert blocked.verdict == "behind"
-    await asyncio.sleep(0.25)  # replica a stopped touching its waiter's place
-    assert (await b.reserve(Ledger().reserve(KEY, 5_000, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)).verdict == "ok"
+    ask = Ledger().reserve(KEY, 5_000, "web")
+
+    async def waiters_place_expired() -> Answer | None:  # replica a stopped touching its waiter's place
+        return await _admitted(b, ask, ttl_s=10, overtake_s=0.01)
+
+    await until(waiters_place_expired, timeout_s=5, interval_s=POLL_S)
 
 
 async def test_one_fair_order_across_replicas(two: list[SharedStore], redis_url: str) -> None:
