@@ -52,8 +52,8 @@ from gateway.edge.headers import request_deadline, request_id_for, upstream_requ
 from gateway.edge.routes import FALLBACK, Handling, Route, fallback_dialect
 from gateway.errors import BackendTimeout, BackendUnavailable, BadRequest, GatewayError, InternalError, ModelNotFound
 from gateway.fitting.summary_writer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, InternalCalls
-from gateway.loads.keep_alive import carries_admin_key
-from gateway.loads.load_requests import is_load_request, keep_alive_of, serve_load_request
+from gateway.loads.keep_alive import carries_admin_key, unloads
+from gateway.loads.load_requests import is_load_request, keep_alive_of
 from gateway.loads.oom import GpuOutOfMemory, oom_refusal
 from gateway.loads.oom_catch import held_unless_oom
 from gateway.notice import Notice, reply_notice
@@ -203,16 +203,23 @@ class Proxy:
             exchange.content = logged_content(parsed)
 
     async def _load_request(self, exchange: Exchange, backend: Backend) -> web.StreamResponse:
+        """An Ollama load or unload request, through the load gate (loads/load_requests.py)."""
         body = exchange.body
         assert body is not None
         try:
             model = await self._registry.target_model(backend, body.parsed.model)
         except ModelNotFound:  # nothing to load: the backend answers as it would
             return await self._forward(exchange, body.raw, dict(body.headers))
-        return await serve_load_request(
-            self._step.admitter, backend, model, body.parsed, body.raw,
-            lambda changed: self._forward(exchange, changed, dict(body.headers)),
-            pin_num_ctx=exchange.facts.settings.admission.pin_num_ctx)
+        if unloads(body.parsed.body):
+            async with self._step.unloading(exchange):
+                return await self._forward(exchange, body.raw, dict(body.headers))
+        result = await self._step.load(exchange, model)
+        if isinstance(result, Refused):
+            raise result.error
+        try:
+            return await self._forward(exchange, result.body, dict(body.headers))
+        finally:
+            result.release()
 
     async def _route(self, exchange: Exchange, backends: list[Backend]) -> web.StreamResponse:
         """Serve the request on the backend routing ranks first; on the next only when the last failed before

@@ -23,6 +23,8 @@ observability renders when the request is over.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from gateway.admission.admit import Admitter, NoClaim
@@ -38,9 +40,10 @@ from gateway.admission.shared.shared_rates import TenantRates
 from gateway.admission.types import PoolSpec
 from gateway.backends import Backend, BackendRegistry
 from gateway.config.settings import Settings
-from gateway.domain import BackendKind, ParsedRequest
+from gateway.domain import BackendKind, ParsedRequest, Rewrites
 from gateway.errors import BackendNotReady, BackendUnavailable, GatewayError
 from gateway.fitting.policy import FitPolicy, policy_for
+from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.fitting.summary_writer import SUMMARIZER_TENANT
 from gateway.loads.gate import Claim
 from gateway.loads.oom import room_after_oom
@@ -107,9 +110,11 @@ class _Reloads:
     model: str | None
     at_default: bool
     """The request ran at Ollama's own default context (/v1 without num_ctx): the model may be loaded at it now."""
+    always: bool = False
+    """A load request: whatever happened, the model's layout is read anew."""
 
     def after_request(self, *, out_of_memory: bool) -> None:
-        if out_of_memory:
+        if out_of_memory or self.always:
             self.admitter.model_may_have_reloaded(self.backend, self.model)
         if self.at_default:
             self.admitter.model_may_have_reloaded(self.backend, self.model, at_default=True)
@@ -140,6 +145,37 @@ class AdmissionStep:
         """The backend ran out of GPU memory before anything reached the client: return when a fresh reading shows
         room for one retry, else raise LoadRefused (503; loads/oom.py)."""
         await room_after_oom(self.admitter.loads, backend, model, words, retried=False)
+
+    async def load(self, exchange: Exchange, model: str) -> Admitted | Refused:
+        """A load request (an Ollama chat or generate that runs nothing, loads/load_requests.py): the model is loaded
+        through the GPU check (its pool, or 503 ``gpu_memory_exhausted``), the body's ``options.num_ctx`` pinned to
+        the loaded context so nothing reloads (``admission.pin_num_ctx``), the model held resident while it runs.
+        Without admission, or with no pool to read, it is forwarded as sent."""
+        backend, parsed = exchange.backend, exchange.parsed
+        assert backend is not None, "routing chose the backend before admission"
+        after = _Reloads(self.admitter, backend, parsed.model, at_default=False, always=True)
+        try:
+            pool = await self.admitter.pool_for(backend, model)  # loads through the GPU check
+        except GatewayError as exc:
+            after.after_request(out_of_memory=False)
+            return Refused(exc)
+        body = _raw(exchange)
+        if pool is not None and exchange.facts.settings.admission.pin_num_ctx and parsed.num_ctx_field is not None:
+            rewritten, _ = apply_rewrites(parsed, Rewrites(num_ctx=pool.slot_ctx_tokens))
+            body = body if rewritten is None else encode_body(rewritten)
+        return Admitted(body, None, pool, None, False, None, self.admitter.claim(backend, pool), after)
+
+    @contextlib.asynccontextmanager
+    async def unloading(self, exchange: Exchange) -> AsyncIterator[None]:
+        """An unload request (``keep_alive`` 0, the admin's) is forwarded under the backend's load lock, so it never
+        lands in the middle of kvgate's own decision and load; the model's layout is read anew after it."""
+        backend = exchange.backend
+        assert backend is not None, "routing chose the backend before admission"
+        try:
+            async with self.admitter.load_lock(backend):
+                yield
+        finally:
+            self.admitter.model_may_have_reloaded(backend, exchange.parsed.model)
 
     def fences(self) -> Fences | None:
         """The shared ledger's fences (None without one): a request whose lease can't be kept is ended."""
