@@ -17,7 +17,7 @@
     release + observe    here, observability/reply_checks.py the permit is released; truncation checked
                                                  (observability/truncation.py); calibration; metrics and the
                                                  log line rendered from the outcome (observability/metrics.py)
-    listings             backends/listing.py     /api/tags, /api/ps, /v1/models: every backend's list, merged
+    listings             edge/listing.py     /api/tags, /api/ps, /v1/models: every backend's list, merged
 
 Every request has one exchange (admission/exchange.py): its facts, frozen, and what the path learns. The log line,
 the metrics and the recent decisions are rendered from it once the request is over (observability/exchange_log.py).
@@ -39,9 +39,8 @@ from gateway.admission.exchange import Exchange, RequestBody, RequestFacts
 from gateway.admission.outcome import response_headers
 from gateway.admission.shared.fencing import FenceSignal, fenced
 from gateway.admission.step import AdmissionStep, Admitted, Refused
-from gateway.admission.tenant_keys import ADMIN_TENANT, Tenant
+from gateway.admission.tenant_keys import ADMIN_TENANT, Tenant, TenantDirectory
 from gateway.backends import Backend, BackendRegistry
-from gateway.backends.listing import merged_listing
 from gateway.config.reload import LiveSettings
 from gateway.domain import Operation
 from gateway.edge.body.budget import BodyBudget, BodyLease
@@ -49,6 +48,7 @@ from gateway.edge.body.json_bound import decode_bounded
 from gateway.edge.body.reader import read_body
 from gateway.edge.error_boundary import error_response
 from gateway.edge.headers import request_deadline, request_id_for, upstream_request_headers
+from gateway.edge.listing import merged_listing
 from gateway.edge.routes import FALLBACK, Handling, Route, fallback_dialect
 from gateway.errors import BackendTimeout, BackendUnavailable, BadRequest, GatewayError, InternalError, ModelNotFound
 from gateway.fitting.summary_writer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, InternalCalls
@@ -90,7 +90,7 @@ PLAIN = Forwarding()
 class Proxy:
     def __init__(
         self,
-        live: LiveSettings,
+        live: LiveSettings[TenantDirectory],
         registry: BackendRegistry,
         step: AdmissionStep,
         metrics: Metrics,

@@ -51,16 +51,13 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from gateway.config.reload_guard import ALLOW_SETTING, refusal_message, security_drops
 from gateway.config.settings import ConfigError, Settings
 from gateway.errors import InvalidConfig
-
-if TYPE_CHECKING:  # the type only: admission builds the directory, the app hands its constructor in
-    from gateway.admission.tenant_keys import TenantDirectory
 
 log = logging.getLogger("gateway.config.reload")
 
@@ -74,6 +71,8 @@ RESTART_FITTING = ("summary_cache_entries",)
 SettingsSource = Callable[[], Settings]
 Listener = Callable[[Settings], None]
 _Model = TypeVar("_Model", bound=BaseModel)
+Directory = TypeVar("Directory")
+"""The tenant directory's type (``TenantDirectory``: who is asking is admission's, a layer above configuration)."""
 _SETTING = re.compile(r"setting '([^']+)'")
 """How a ``ConfigError`` message names the setting (``config._describe`` and ``load_settings``)."""
 
@@ -100,13 +99,14 @@ class ReloadReport:
     needs_restart: tuple[str, ...]
 
 
-class LiveSettings:
+class LiveSettings(Generic[Directory]):
     """The settings new requests run under and the tenant directory built from them: the one place the request path
     reads them from. A reload replaces both in one step and tells the listeners (no await between: a request sees
     the old pair or the new, never half of each). ``directory`` builds the tenant directory from settings
-    (``TenantDirectory``: who is asking is admission's, a layer above configuration, so it is passed in)."""
+    (``TenantDirectory``: who is asking is admission's, a layer above configuration, so it is passed in: the app
+    holds a ``LiveSettings[TenantDirectory]``)."""
 
-    def __init__(self, settings: Settings, *, directory: Callable[[Settings], TenantDirectory]) -> None:
+    def __init__(self, settings: Settings, *, directory: Callable[[Settings], Directory]) -> None:
         self.settings = settings
         self._directory = directory
         self.tenants = directory(settings)
@@ -187,7 +187,7 @@ class Reloader:
     told "ok" or "refused" (the metric)."""
 
     def __init__(
-        self, live: LiveSettings, source: SettingsSource | None,
+        self, live: LiveSettings[Any], source: SettingsSource | None,
         on_outcome: Callable[[str], None] = lambda outcome: None,
     ) -> None:
         self._live = live

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.admission.outcome import AdmissionOutcome
 from gateway.backends import Backend
@@ -34,7 +35,7 @@ def usage_counts_prompt(parsed: ParsedRequest, count: TokenCount | None) -> bool
 
 
 class ReplyChecks:
-    def __init__(self, live: LiveSettings, counter: PromptCounter, metrics: Metrics) -> None:
+    def __init__(self, live: LiveSettings[Any], counter: PromptCounter, metrics: Metrics) -> None:
         self._live = live
         self._counter = counter
         self._metrics = metrics

@@ -56,7 +56,7 @@ def _drops_named(drops: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(short for short, long in names.items() if any(long in drop for drop in drops))
 
 
-def _reloader(running: Settings, loaded: Settings) -> tuple[LiveSettings, Reloader]:
+def _reloader(running: Settings, loaded: Settings) -> tuple[LiveSettings[TenantDirectory], Reloader]:
     live = LiveSettings(running, directory=TenantDirectory)
     return live, Reloader(live, lambda: loaded)
 

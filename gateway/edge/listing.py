@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from aiohttp import web
 
 from gateway.backends import Backend, BackendRegistry, models
 from gateway.backends.client import BackendCallError
+from gateway.edge.routes import Route
 from gateway.errors import BackendUnavailable
 from gateway.support.hop_headers import REQUEST_ID
-
-if TYPE_CHECKING:  # the type only: the route table is the HTTP edge's, above this package
-    from gateway.edge.routes import Route
 
 log = logging.getLogger("gateway.proxy")  # the request path's logger, as before this left proxy.py
 
