@@ -143,9 +143,7 @@ async def relay(request: web.Request, upstream: aiohttp.ClientResponse, plan: Re
     try:
         if held:
             await _write_held(response, held, write_s)
-        error = await pump(upstream, response, idle_s=idle_s, coalesce_s=plan.coalesce_s,
-                           backend_label=backend_label, observer=observer, write_s=write_s, rewriter=rewriter,
-                           fence=fence)
+        error = await pump(upstream, response, plan, write_s=write_s, rewriter=rewriter)
     except ClientStalled:
         _client_stalled(request, write_s)
         return Relayed(response)
@@ -258,21 +256,15 @@ class _IdleWatchdog:
 
 
 async def pump(
-    upstream: aiohttp.ClientResponse,
-    response: web.StreamResponse,
-    *,
-    idle_s: float,
-    coalesce_s: float,
-    backend_label: str,
-    observer: UsageObserver | None,
-    write_s: float = math.inf,
+    upstream: aiohttp.ClientResponse, response: web.StreamResponse, plan: RelayPlan, *, write_s: float = math.inf,
     rewriter: NoticeStream | None = None,
-    fence: FenceSignal | None = None,
 ) -> GatewayError | None:
     """Copy chunks until the backend's body ends, coalescing fast ones (module docstring); returns the backend's
     failure, if any. Raises ``ClientGone`` when the client left, ``ClientStalled`` when a write did not drain
-    within ``write_s``. With a ``rewriter``, the client gets what it makes of each chunk (the observer, the
-    backend's own). A ``fence`` that fires ends the copy with the fence's error."""
+    within ``write_s``. With a ``rewriter``, the client gets what it makes of each chunk (the plan's observer, the
+    backend's own). The plan's fence, when it fires, ends the copy with the fence's error."""
+    idle_s, coalesce_s, backend_label, observer, fence = (plan.idle_s, plan.coalesce_s, plan.backend_label,
+                                                          plan.observer, plan.fence)
     loop = asyncio.get_running_loop()
     content = upstream.content
     task = asyncio.current_task()

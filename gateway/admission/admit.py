@@ -139,6 +139,19 @@ def _output_cap(parsed: ParsedRequest, tenant: Tenant) -> tuple[int | None, bool
     return limit, False
 
 
+@dataclass(frozen=True, slots=True)
+class AdmitAsk:
+    """One request, as the admission step asks the admitter to admit it."""
+
+    parsed: ParsedRequest
+    raw: bytes
+    count: TokenCount
+    tenant: Tenant
+    fit: FitPolicy | None = None
+    """What a request too long for its context may have done to it; None: ``admission.on_too_long``."""
+    deadline: tuple[float, str] | None = None
+
+
 class Admitter:
     def __init__(
         self, config: AdmissionSettings, pools: PoolDirectory, room: WaitingRoom, loads: LoadGate | None = None,
@@ -235,23 +248,15 @@ class Admitter:
             self._pools.mark_stale(backend, model)
 
     async def admit(
-        self,
-        parsed: ParsedRequest,
-        raw: bytes,
-        pool: PoolSpec | None,
-        count: TokenCount,
-        tenant: Tenant,
-        is_disconnected: Callable[[], bool],
-        recount: Recount,
-        fit: FitPolicy | None = None,
-        deadline: tuple[float, str] | None = None,
+        self, ask: AdmitAsk, pool: PoolSpec | None, is_disconnected: Callable[[], bool], recount: Recount,
     ) -> Granted:
-        """Reserve the request's sequences in ``pool`` (waiting if it must) and rewrite its body as planned; a
-        request too long for the context meets ``fit``'s remedies (default: trim, then refuse). ``deadline`` (seconds,
-        and the header that set it) shortens how long it may wait in the queue.
+        """Reserve the request's sequences in ``pool`` (waiting if it must, until ``is_disconnected``) and rewrite its
+        body as planned; a request too long for the context meets the ask's fitting policy (default: trim, then
+        refuse). The ask's deadline (seconds, and the header that set it) shortens how long it may wait in the queue.
 
         Nothing is refused on an estimate: a prompt that looks too long (for the tenant's cap or the context) is
         counted for real first (``recount`` waits for a tokenizer still loading)."""
+        parsed, raw, count, tenant, fit, deadline = ask.parsed, ask.raw, ask.count, ask.tenant, ask.fit, ask.deadline
         outcome = AdmissionOutcome(count)
         cap = tenant.max_prompt_tokens
         if cap is not None and _longest(count) > cap and not count.exact:

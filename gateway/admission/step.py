@@ -27,7 +27,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from gateway.admission.admit import Admitter, NoClaim
+from gateway.admission.admit import AdmitAsk, Admitter, NoClaim
 from gateway.admission.charging import reserved_output, settle_rate, take_rate
 from gateway.admission.exchange import Exchange
 from gateway.admission.outcome import AdmissionOutcome
@@ -222,8 +222,8 @@ class AdmissionStep:
             return await self._counter.count(changed, backend, model, budget_s=budget_s)
 
         try:
-            granted = await self.admitter.admit(parsed, _raw(exchange), pool, count, exchange.tenant,
-                                                exchange.client_gone, recount, fit, exchange.deadline)
+            ask = AdmitAsk(parsed, _raw(exchange), count, exchange.tenant, fit, exchange.deadline)
+            granted = await self.admitter.admit(ask, pool, exchange.client_gone, recount)
         except GatewayError as exc:
             claim.release()
             return Refused(exc)

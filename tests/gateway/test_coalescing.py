@@ -12,8 +12,9 @@ from typing import cast
 import aiohttp
 from aiohttp import web
 
+from gateway.domain import Dialect
 from gateway.errors import BackendUnavailable
-from gateway.streaming import pump
+from gateway.streaming import RelayPlan, pump
 from tests.support.fake_backend import serve
 
 
@@ -66,8 +67,8 @@ async def relay_through(url: str, coalesce_s: float) -> tuple[RecordingResponse,
     recorder = RecordingResponse()
     async with aiohttp.ClientSession() as http, http.post(url, data=b"{}") as response:
         started = time.monotonic()
-        error = await pump(response, cast(web.StreamResponse, recorder), idle_s=30, coalesce_s=coalesce_s,
-                           backend_label="fake", observer=None)
+        error = await pump(response, cast(web.StreamResponse, recorder),
+                           RelayPlan(Dialect.OLLAMA, "r", "fake", idle_s=30, coalesce_s=coalesce_s))
     return recorder, error, time.monotonic() - started
 
 
