@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.errors import BadRequest, GatewayError
+from gateway.errors import BadRequest, GatewayError, MethodNotAllowed
 from gateway.support.hop_headers import (
     HOP_BY_HOP,
     REQUEST_ID,
@@ -107,4 +107,6 @@ def error_headers(error: GatewayError, request_id: str | None = None) -> dict[st
     headers = {} if request_id is None else {REQUEST_ID: request_id}
     if error.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+    if isinstance(error, MethodNotAllowed) and error.allowed:
+        headers["Allow"] = ", ".join(error.allowed)
     return headers
