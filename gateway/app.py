@@ -154,7 +154,7 @@ def create_app(
         live.subscribe(lambda reloaded: admitter.reconfigure(reloaded.admission))  # the same room and ledger
         metrics.watch_pools(room, pools.known)
         app[POOLS] = pools
-        step = AdmissionStep(admitter, registry, app[PROMPT_COUNTER], TenantRates(shared))
+        step = AdmissionStep(admitter, pools, registry, app[PROMPT_COUNTER], TenantRates(shared), loads)
         app[PROXY] = Proxy(live, registry, step, metrics, internal=app[INTERNAL])
         sharing = asyncio.create_task(shared.run(room.waiting_keys, room.redispatch)) if shared else None
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None

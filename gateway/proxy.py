@@ -103,7 +103,7 @@ class Proxy:
         self._step = step
         self._metrics = metrics
         self._clock = clock
-        self._router = Router(step.admitter)
+        self._router = Router(step)
         self._checks = ReplyChecks(live, step.counter, metrics)  # after a counted reply: truncation, calibration
         metrics.registry.register(RouteCollector(self._router, lambda: [b.name for b in registry.backends]))
         server = live.settings.server  # the body budget is bound at start (server.* needs a restart)

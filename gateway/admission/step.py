@@ -24,12 +24,14 @@ observability renders when the request is over.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from gateway.admission.admit import AdmitAsk, Admitter, NoClaim
+from gateway.admission.admit import NO_CLAIM, AdmitAsk, Admitter, NoClaim
 from gateway.admission.charging import reserved_output, settle_rate, take_rate
 from gateway.admission.exchange import Exchange
+from gateway.admission.kv_pools import PoolDirectory
 from gateway.admission.outcome import AdmissionOutcome
 from gateway.admission.permit import Permit
 from gateway.admission.rates import RateLimit
@@ -38,17 +40,21 @@ from gateway.admission.sequence_rules import reserves_kv
 from gateway.admission.shared.fencing import Fences
 from gateway.admission.shared.shared_rates import TenantRates
 from gateway.admission.types import PoolSpec
+from gateway.admission.waiting_room import WaitingRoom
 from gateway.backends import Backend, BackendRegistry
+from gateway.backends.prober import ProbeError
 from gateway.config.settings import Settings
 from gateway.domain import BackendKind, ParsedRequest, Rewrites
 from gateway.errors import BackendNotReady, BackendUnavailable, GatewayError
 from gateway.fitting.policy import FitPolicy, policy_for
 from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.fitting.summary_writer import SUMMARIZER_TENANT
-from gateway.loads.gate import Claim
+from gateway.loads.gate import Claim, LoadGate
 from gateway.loads.oom import room_after_oom
 from gateway.tokens import TokenCount
 from gateway.tokens.prompt_counter import PromptCounter
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +111,7 @@ class Admitted:
 class _Reloads:
     """What a request may have done to its model's layout on the backend (Ollama reloads at a new context)."""
 
-    admitter: Admitter
+    step: AdmissionStep
     backend: Backend
     model: str | None
     at_default: bool
@@ -115,18 +121,66 @@ class _Reloads:
 
     def after_request(self, *, out_of_memory: bool) -> None:
         if out_of_memory or self.always:
-            self.admitter.model_may_have_reloaded(self.backend, self.model)
+            self.step.model_may_have_reloaded(self.backend, self.model)
         if self.at_default:
-            self.admitter.model_may_have_reloaded(self.backend, self.model, at_default=True)
+            self.step.model_may_have_reloaded(self.backend, self.model, at_default=True)
 
 
 class AdmissionStep:
-    def __init__(self, admitter: Admitter, registry: BackendRegistry, counter: PromptCounter,
-                 rates: TenantRates) -> None:
+    """The pools, the load gate and the admitter, behind one call per request (module docstring). ``pools`` and
+    ``loads`` are public for routing, which reads what kvgate knows of each backend (gateway/routing/router.py)."""
+
+    def __init__(self, admitter: Admitter, pools: PoolDirectory, registry: BackendRegistry, counter: PromptCounter,
+                 rates: TenantRates, loads: LoadGate | None = None) -> None:
         self.admitter = admitter
+        self.pools = pools
+        self.loads = loads
         self._registry = registry
         self._counter = counter
         self._rates = rates
+
+    @property
+    def room(self) -> WaitingRoom:
+        return self.admitter.room
+
+    async def pool_for(self, backend: Backend, model: str | None) -> PoolSpec | None:
+        """The pool a KV-allocating request lands in; None when admission is off or the backend is forwarded
+        without it. Raises BackendNotReady (503) rather than answer None for a backend it can't probe now."""
+        if not self.admitter.enabled:
+            return None
+        return await self.pools.pool_for(backend, model)
+
+    def model_may_have_reloaded(self, backend: Backend, model: str | None, *, at_default: bool = False) -> None:
+        """After a request that may have (re)loaded a model at another context (``at_default``: at Ollama's own
+        default, as /v1 requests do), its layout is read anew."""
+        if not model:
+            return
+        if at_default:
+            self.pools.after_default_load(backend, model)
+        else:
+            self.pools.mark_stale(backend, model)
+
+    def _claim(self, backend: Backend, pool: PoolSpec | None) -> Claim | NoClaim:
+        """Hold the pool's model resident while the request runs (released once, when the response ends)."""
+        if pool is None or self.loads is None or not pool.model or not self.loads.applies(backend):
+            return NO_CLAIM
+        return self.loads.claim(backend.name, pool.model)
+
+    def _gates_loads(self, backend: Backend) -> bool:
+        """Whether kvgate admits the loads of ``backend`` (an out-of-memory after it did is then kvgate's to
+        answer, loads/oom.py; with residency off, the backend's own answer comes back)."""
+        return self.loads is not None and self.loads.applies(backend)
+
+    async def _hold_model(self, backend: Backend, model: str | None) -> Claim | NoClaim:
+        """For a request that reserves no KV (an embedding on Ollama, ``sequence_rules``): its model loaded through
+        the GPU check when it is not resident (``LoadGate.ensure_loaded``), then held resident while it runs."""
+        if not self.admitter.enabled or self.loads is None or not model or not self.loads.applies(backend):
+            return NO_CLAIM  # admission off: loads are not gated for a chat either (pool_for is not asked)
+        try:
+            await self.loads.ensure_loaded(backend, model)
+        except ProbeError as exc:  # /api/ps can't be read: the request goes on, and meets the backend's own answer
+            log.warning("could not check whether model %r is loaded on %s: %s", model, backend.describe(), exc)
+        return self.loads.claim(backend.name, model)
 
     @property
     def counter(self) -> PromptCounter:
@@ -144,7 +198,7 @@ class AdmissionStep:
     async def after_oom(self, backend: Backend, model: str, words: str) -> None:
         """The backend ran out of GPU memory before anything reached the client: return when a fresh reading shows
         room for one retry, else raise LoadRefused (503; loads/oom.py)."""
-        await room_after_oom(self.admitter.loads, backend, model, words, retried=False)
+        await room_after_oom(self.loads, backend, model, words, retried=False)
 
     async def load(self, exchange: Exchange, model: str) -> Admitted | Refused:
         """A load request (an Ollama chat or generate that runs nothing, loads/load_requests.py): the model is loaded
@@ -153,9 +207,9 @@ class AdmissionStep:
         Without admission, or with no pool to read, it is forwarded as sent."""
         backend, parsed = exchange.backend, exchange.parsed
         assert backend is not None, "routing chose the backend before admission"
-        after = _Reloads(self.admitter, backend, parsed.model, at_default=False, always=True)
+        after = _Reloads(self, backend, parsed.model, at_default=False, always=True)
         try:
-            pool = await self.admitter.pool_for(backend, model)  # loads through the GPU check
+            pool = await self.pool_for(backend, model)  # loads through the GPU check
         except GatewayError as exc:
             after.after_request(out_of_memory=False)
             return Refused(exc)
@@ -163,7 +217,7 @@ class AdmissionStep:
         if pool is not None and exchange.facts.settings.admission.pin_num_ctx and parsed.num_ctx_field is not None:
             rewritten, _ = apply_rewrites(parsed, Rewrites(num_ctx=pool.slot_ctx_tokens))
             body = body if rewritten is None else encode_body(rewritten)
-        return Admitted(body, None, pool, None, False, None, self.admitter.claim(backend, pool), after)
+        return Admitted(body, None, pool, None, False, None, self._claim(backend, pool), after)
 
     @contextlib.asynccontextmanager
     async def unloading(self, exchange: Exchange) -> AsyncIterator[None]:
@@ -172,14 +226,14 @@ class AdmissionStep:
         backend = exchange.backend
         assert backend is not None, "routing chose the backend before admission"
         try:
-            async with self.admitter.load_lock(backend):
+            async with self.loads.lock(backend) if self.loads is not None else contextlib.nullcontext():
                 yield
         finally:
-            self.admitter.model_may_have_reloaded(backend, exchange.parsed.model)
+            self.model_may_have_reloaded(backend, exchange.parsed.model)
 
     def fences(self) -> Fences | None:
         """The shared ledger's fences (None without one): a request whose lease can't be kept is ended."""
-        shared = self.admitter.room.shared
+        shared = self.room.shared
         return None if shared is None else shared.fences
 
     async def step(self, exchange: Exchange) -> Admitted | Refused:
@@ -190,15 +244,17 @@ class AdmissionStep:
         if not reserves_kv(backend.kind, parsed.operation):
             return await self._unreserved(exchange, backend, model)
         try:
-            pool = await self.admitter.pool_for(backend, model)
+            pool = await self.pool_for(backend, model)
         except (BackendNotReady, BackendUnavailable) as exc:  # BackendDown: refused at once, it is not up
             return Refused(exc, backend_failed=True)
         at_default = _at_ollama_default(backend, parsed)
         if pool is not None and at_default:
-            pool = await self.admitter.pool_at_default(backend, pool)  # /v1 reloads at Ollama's default context
+            # /v1 reloads at Ollama's default context: a model kvgate lowered is reloaded at the default first,
+            # through the GPU check
+            pool = await self.pools.before_default_request(backend, pool)
         model = exchange.model = pool.model if pool is not None and pool.model else model  # "": a server's one pool
         exchange.pool = pool.key if pool is not None else None
-        claim = self.admitter.claim(backend, pool)  # the model is not unloaded under this request
+        claim = self._claim(backend, pool)  # the model is not unloaded under this request
         try:
             return await self._admit(exchange, backend, model, pool, claim, at_default)
         except BaseException:
@@ -228,8 +284,8 @@ class AdmissionStep:
             claim.release()
             return Refused(exc)
         exchange.outcome = granted.outcome
-        return Admitted(granted.body, granted.outcome, pool, fit, self.admitter.gates_loads(backend), granted.permit,
-                        claim, _Reloads(self.admitter, backend, model, at_default))
+        return Admitted(granted.body, granted.outcome, pool, fit, self._gates_loads(backend), granted.permit,
+                        claim, _Reloads(self, backend, model, at_default))
 
     async def _unreserved(self, exchange: Exchange, backend: Backend, model: str | None) -> Admitted:
         """A request that holds no KV reservation on its backend: its model is loaded through the GPU check when not
@@ -237,7 +293,7 @@ class AdmissionStep:
         exchange.model = model or None
         if exchange.rate_charge is None:
             exchange.rate_charge = await take_rate(self._rates, exchange.tenant, None, 0)
-        claim = await self.admitter.hold_model(backend, model)
+        claim = await self._hold_model(backend, model)
         return Admitted(_raw(exchange), None, None, None, False, None, claim)
 
     @staticmethod

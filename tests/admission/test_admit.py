@@ -18,16 +18,20 @@ from gateway.admission.admit import AdmitAsk, Admitter
 from gateway.admission.kv_pools import PoolDirectory
 from gateway.admission.outcome import AdmissionDecision, Granted, Reserved, Trim, response_headers
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
+from gateway.admission.shared.shared_rates import TenantRates
+from gateway.admission.step import AdmissionStep
 from gateway.admission.tenant_keys import Tenant
 from gateway.backends import Backend
 from gateway.backends.client import BackendClient
 from gateway.backends.probes import BackendProbes
+from gateway.backends.registry import BackendRegistry
 from gateway.config.settings import load_settings
 from gateway.domain import BackendKind, Dialect, Operation, ParsedRequest
 from gateway.errors import BadRequest
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.ollama import LoadedModel
 from gateway.tokens import TokenCount
+from gateway.tokens.prompt_counter import PromptCounter
 from tests.support.clock import FakeClock
 from tests.support.poll import until
 
@@ -95,6 +99,8 @@ class Setup:
     clock: FakeClock
     probes: FakeProbes
     backend: Backend
+    step: AdmissionStep
+    """The pools behind the admission step (pool_for, model_may_have_reloaded); nothing is counted or routed."""
 
 
 def setup(backend: dict[str, Any] | None = None, **admission: Any) -> Setup:
@@ -104,7 +110,9 @@ def setup(backend: dict[str, Any] | None = None, **admission: Any) -> Setup:
     pools = PoolDirectory(settings, cast(BackendProbes, probes), clock=clock, sleep=clock.sleep)
     room = WaitingRoom(Ledger(), clock=clock, disconnect_poll_s=0.005)
     backend_object = Backend(settings.backends[0], cast(BackendClient, None))
-    return Setup(Admitter(settings.admission, pools, room), room, clock, probes, backend_object)
+    admitter = Admitter(settings.admission, pools, room)
+    step = AdmissionStep(admitter, pools, cast(BackendRegistry, None), cast(PromptCounter, None), TenantRates())
+    return Setup(admitter, room, clock, probes, backend_object, step)
 
 
 def openai_chat(**fields: Any) -> tuple[ParsedRequest, bytes]:
@@ -537,7 +545,7 @@ async def test_release_twice_is_harmless_and_returns_the_reservation_once() -> N
     again.release()
 
 
-# --- pool_for and model_may_have_reloaded --------------------------------------------------------------------------
+# --- the step's pool_for and model_may_have_reloaded ----------------------------------------------------------------
 
 OLLAMA_BACKEND = {"name": BACKEND, "kind": "ollama", "url": "http://127.0.0.1:9"}
 
@@ -553,7 +561,7 @@ OLLAMA_BACKEND = {"name": BACKEND, "kind": "ollama", "url": "http://127.0.0.1:9"
 ], ids=["admission off", "openai without a layout", "openai with a layout", "ollama"])
 async def test_pool_for(backend: dict[str, Any], admission: dict[str, Any], expected: PoolSpec | None) -> None:
     s = setup(backend, **admission)
-    assert await s.admitter.pool_for(s.backend, "llama3.1:8b") == expected
+    assert await s.step.pool_for(s.backend, "llama3.1:8b") == expected
     assert s.probes.calls["ps"] == (1 if expected is not None and expected.backend_kind is BackendKind.OLLAMA else 0)
 
 
@@ -568,9 +576,9 @@ async def test_a_model_that_may_have_reloaded_is_probed_again(
     model: str | None, at_default: bool, probes_after: int
 ) -> None:
     s = setup(OLLAMA_BACKEND)
-    await s.admitter.pool_for(s.backend, "llama3.1:8b")
-    await s.admitter.pool_for(s.backend, "llama3.1:8b")
+    await s.step.pool_for(s.backend, "llama3.1:8b")
+    await s.step.pool_for(s.backend, "llama3.1:8b")
     assert s.probes.calls["ps"] == 1  # cached
-    s.admitter.model_may_have_reloaded(s.backend, model, at_default=at_default)
-    await s.admitter.pool_for(s.backend, "llama3.1:8b")
+    s.step.model_may_have_reloaded(s.backend, model, at_default=at_default)
+    await s.step.pool_for(s.backend, "llama3.1:8b")
     assert s.probes.calls["ps"] == probes_after
