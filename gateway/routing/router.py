@@ -4,14 +4,14 @@
 For a request whose model several backends serve, ``Router.plan`` reads what each looks like now (read-only: the
 pool directory's known pools, the ledger's snapshot and the waiting room's queue length; a llama-server not probed
 yet gets ``routing.probe_wait_s`` to answer /props; an Ollama model is resident while the last /api/ps kvgate read
-lists it, and where it is not, ``LoadGate.preview`` says what loading it would take: nothing to unload, idle
-models to unload, or no load now; without a GPU reading, whether /api/ps lists it) and what it learned of each pool's
+lists it, and where it is not, ``LoadGate.preview`` says what loading it would take: nothing to unload, idle models
+to unload, or no load now; without a GPU reading, whether /api/ps lists it) and what it learned of each pool's
 service time (``service_times``, from the requests it served) and each backend's loads
 (``PoolDirectory.expected_load_s``, from their ``load_duration``), and returns a ``RoutePlan``: the backends in the
-order to try (rank.py: by expected time to first token). Requests routed but not admitted yet are counted against their backend and model
-(``pending``), for every pool kind and before the pool is known, so a burst that arrives before any of it reserves
-spreads instead of piling onto the first backend. A backend that fails before anything reached the client is taken
-out (``failed``) and the request moves to the next one, through admission there.
+order to try (rank.py: by expected time to first token). Requests routed but not admitted yet are counted against
+their backend and model (``pending``), for every pool kind and before the pool is known, so a burst that arrives
+before any of it reserves spreads instead of piling onto the first backend. A backend that fails before anything
+reached the client is taken out (``failed``) and the request moves to the next one, through admission there.
 """
 
 from __future__ import annotations
