@@ -15,7 +15,7 @@ or make Ollama reload a model at another context. Now:
 Without admission, or on a backend with no pool to read, it is forwarded as before.
 
 This module drives the admitter (its pool, claim and load lock), which sits above the load level
-(tests/gateway/test_layers.py): it names the admitter's type only, and imports no admission module at run time. It
+(tests/test_layers.py): it names the admitter's type only, and imports no admission module at run time. It
 belongs behind the one admission step, with the proxy's other calls into admission (issue 24, point 1).
 """
 
