@@ -20,6 +20,6 @@ imports ``gateway.admission`` at run time (load_requests.py names the admitter's
 reads of the sequence level, kvgate's active sequences on a model, comes through the ``ActiveSequences`` protocol
 (gate.py), which the waiting room satisfies. Below this package: ``gateway.memory`` (load cost, VRAM readings, the
 estimate), ``gateway.backends`` (probes, model names), ``gateway.config``, and for load requests ``gateway.dialects``
-and ``gateway.fitting`` (tests/gateway/test_layers.py).
+and ``gateway.fitting`` (tests/test_layers.py).
 The package has no facade: import the module you need, so the pure modules stay light.
 """
