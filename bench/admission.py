@@ -49,13 +49,14 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
 
-from bench.admission_planner import TARGET_MEDIAN_US, render_planner, run_planner
+from bench.admission_planner import TARGET_MEDIAN_US, Timing, render_planner, run_planner
 from bench.overhead import _free_port, _wait_ready
 
 MODEL = "llama3.1:8b"
@@ -388,7 +389,8 @@ def start_processes(work: Workload) -> tuple[list[subprocess.Popen[bytes]], str,
     return [gateway, sim], sim_url, gateway_url
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, planner: Callable[[int, int], list[Timing]] = run_planner) -> int:
+    """``planner`` times the pure part; a test passes a cheaper one."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a smoke run: fewer decisions, 3 chats a client, 2 rounds")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
@@ -400,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     work = QUICK if args.quick else DEFAULT
     if args.time_scale is not None:
         work = dataclasses.replace(work, time_scale=args.time_scale)
-    timings = run_planner(*((10_000, 2_000) if args.quick else (100_000, 20_000)))
+    timings = planner(*((10_000, 2_000) if args.quick else (100_000, 20_000)))
     report: dict[str, Any] = {"planner": {"rows": [t.as_dict() for t in timings],
                                           "target_median_us": TARGET_MEDIAN_US,
                                           "target_met": timings[0].median_us <= TARGET_MEDIAN_US}}

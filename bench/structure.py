@@ -45,7 +45,8 @@ One column per ROOT (a checkout: ROOT/gateway, ROOT/tests, ROOT/kvsim). Every ro
    ``monkeypatch.setattr(...)`` calls in ``tests/`` whose first argument is a name a file imports from ``gateway``
    or ``kvsim`` (``from gateway.x import y [as z]``, ``import gateway.x [as z]``), an attribute chain on such a name,
    or a str constant starting with "gateway." or "kvsim.".
-10. Test files under ``tests/gateway/`` (``test_*.py``), and the lines of every ``.py`` there over the lines of
+10. Test files under ``tests/gateway/`` and under ``tests/e2e/`` (``test_*.py``; end-to-end tests moved there from
+    tests/gateway/ when tests came to mirror the package), and the lines of every ``.py`` there over the lines of
     every ``.py`` under ``tests/``.
 11. Lines and modules in ``gateway/``: every ``.py`` under it.
 
@@ -566,13 +567,14 @@ def test_sleep_rows(checkout: Checkout) -> list[Row]:
 
 
 def gateway_test_rows(checkout: Checkout) -> list[Row]:
-    under = [module for module in checkout.tests if module.relpath.startswith("tests/gateway/")]
-    files = [module for module in under if Path(module.relpath).name.startswith("test_")]
-    share = sum(m.lines for m in under) / max(1, sum(m.lines for m in checkout.tests))
-    return [
-        ("test files under tests/gateway/", Cell(str(len(files)))),
-        ("share of test lines in tests/gateway/", Cell(f"{share:.0%}")),
-    ]
+    rows: list[Row] = []
+    for folder in ("tests/gateway/", "tests/e2e/"):
+        under = [module for module in checkout.tests if module.relpath.startswith(folder)]
+        files = [module for module in under if Path(module.relpath).name.startswith("test_")]
+        share = sum(m.lines for m in under) / max(1, sum(m.lines for m in checkout.tests))
+        rows += [(f"test files under {folder}", Cell(str(len(files)))),
+                 (f"share of test lines in {folder}", Cell(f"{share:.0%}"))]
+    return rows
 
 
 # --- row 11: size -------------------------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from gateway.admission.keyless import keyless_caps_line
 from gateway.admission.kv_pools import PoolDirectory, unadmitted_reason
 from gateway.admission.shared.shared_pools import SharedPools, shared_pools
 from gateway.admission.shared.shared_rates import TenantRates
+from gateway.admission.step import AdmissionStep
+from gateway.admission.tenant_keys import TenantDirectory
 from gateway.api import kvgate as kvgate_api
 from gateway.backends import BackendRegistry
 from gateway.backends.probes import BackendProbes
@@ -109,7 +111,7 @@ def create_app(
     app[SETTINGS] = settings
     metrics = Metrics()
     app[METRICS] = metrics
-    live = LiveSettings(settings)
+    live = LiveSettings(settings, directory=TenantDirectory)
     app[LIVE] = live
     app[RELOADER] = Reloader(live, settings_source, on_outcome=metrics.record_reload)
     live.subscribe(warn_if_exposed)  # a reload that drops the last key, on a public address, is as loud as a start
@@ -153,8 +155,8 @@ def create_app(
         live.subscribe(lambda reloaded: admitter.reconfigure(reloaded.admission))  # the same room and ledger
         metrics.watch_pools(room, pools.known)
         app[POOLS] = pools
-        app[PROXY] = Proxy(live, registry, app[PROMPT_COUNTER], app[ADMITTER], metrics, internal=app[INTERNAL],
-                           rates=TenantRates(shared))
+        step = AdmissionStep(admitter, pools, registry, app[PROMPT_COUNTER], TenantRates(shared), loads)
+        app[PROXY] = Proxy(live, registry, step, metrics, internal=app[INTERNAL])
         sharing = asyncio.create_task(shared.run(room.waiting_keys, room.redispatch)) if shared else None
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
         gpu_refresher = asyncio.create_task(_refresh_gpus_forever(app)) if refresh_models else None

@@ -117,3 +117,16 @@ class ParsedRequest:
     num_ctx_field: FieldPath | None = None
     sequences: int = 1
     allocates_kv: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrites:
+    """Fields the proxy must rewrite in the body before forwarding; None leaves the field as the client sent it. The
+    planner decides them (``admission.Admit.rewrites``), fitting writes them (gateway/fitting/rewrite.py): the one
+    word both share, so it lives below both."""
+
+    num_ctx: int | None = None
+    max_output_tokens: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.num_ctx is not None or self.max_output_tokens is not None

@@ -85,10 +85,14 @@ class NotFound(GatewayError):
 
 
 class MethodNotAllowed(GatewayError):
-    """Raised for a route asked with a method it does not take."""
+    """Raised for a route asked with a method it does not take; ``allowed`` goes out as the ``Allow`` header."""
 
     status = 405
     code = "method_not_allowed"
+
+    def __init__(self, message: str, allowed: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.allowed = allowed
 
 
 class Unauthorized(GatewayError):

@@ -9,22 +9,24 @@
                                                  backend that fails before answering is retried elsewhere
     find the pool        admission/kv_pools.py   the model's KV pool, probed through backends/probes.py
     count                tokens/prompt_counter.py  the prompt's tokens, exact where a counter can
-    admit                admission/admit.py      plan (planner.py, pure), fit (fitting/), reserve or wait
-                                                 (waiting_room.py, ledger.py): one AdmissionOutcome (outcome.py)
+    admit                admission/step.py       one call, AdmissionStep.step(exchange) -> Admitted | Refused:
+                                                 the model, its pool, the count, the rate; plan (planner.py,
+                                                 pure), fit (fitting/), reserve or wait (admit.py, waiting_room.py)
     forward              backends/client.py      the backend's one client: auth, Host, timeouts, transport errors
     stream back          streaming.py            bytes pass through; usage observed (observability/usage.py)
     release + observe    here, observability/reply_checks.py the permit is released; truncation checked
                                                  (observability/truncation.py); calibration; metrics and the
                                                  log line rendered from the outcome (observability/metrics.py)
-    listings             backends/listing.py     /api/tags, /api/ps, /v1/models: every backend's list, merged
+    listings             edge/listing.py     /api/tags, /api/ps, /v1/models: every backend's list, merged
 
-Errors are raised as ``gateway.errors`` and rendered once, in the dialect of the route, by edge/error_boundary.py.
+Every request has one exchange (admission/exchange.py): its facts, frozen, and what the path learns. The log line,
+the metrics and the recent decisions are rendered from it once the request is over (observability/exchange_log.py).
+Errors are raised as ``gateway.errors`` and rendered once, in the dialect of the route (edge/error_boundary.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,240 +35,209 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gateway import dialects
-from gateway.admission import AdmissionRejected
-from gateway.admission.admit import Admitter
-from gateway.admission.charging import reserved_output, settle_rate, take_rate
-from gateway.admission.outcome import AdmissionOutcome, response_headers
-from gateway.admission.rate_charge import RateCharge
-from gateway.admission.rates import RateLimit
-from gateway.admission.sequence_rules import reserves_kv
-from gateway.admission.shared.fencing import Fences, FenceSignal, fenced
-from gateway.admission.shared.shared_rates import TenantRates
-from gateway.admission.tenant_keys import ADMIN_TENANT, Tenant
-from gateway.admission.types import PoolKey
+from gateway.admission.exchange import Exchange, RequestBody, RequestFacts
+from gateway.admission.outcome import response_headers
+from gateway.admission.shared.fencing import FenceSignal, fenced
+from gateway.admission.step import AdmissionStep, Admitted, Refused
+from gateway.admission.tenant_keys import ADMIN_TENANT, Tenant, TenantDirectory
 from gateway.backends import Backend, BackendRegistry
-from gateway.backends.listing import merged_listing
 from gateway.config.reload import LiveSettings
-from gateway.config.settings import Settings
-from gateway.domain import BackendKind, Dialect, Operation, ParsedRequest
+from gateway.domain import Operation
 from gateway.edge.body.budget import BodyBudget, BodyLease
 from gateway.edge.body.json_bound import decode_bounded
 from gateway.edge.body.reader import read_body
 from gateway.edge.error_boundary import error_response
 from gateway.edge.headers import request_deadline, request_id_for, upstream_request_headers
+from gateway.edge.listing import merged_listing
 from gateway.edge.routes import FALLBACK, Handling, Route, fallback_dialect
-from gateway.errors import (
-    BackendNotReady,
-    BackendTimeout,
-    BackendUnavailable,
-    BadRequest,
-    GatewayError,
-    InternalError,
-    ModelNotFound,
-)
-from gateway.fitting.policy import FitPolicy, policy_for
+from gateway.errors import BackendTimeout, BackendUnavailable, BadRequest, GatewayError, InternalError, ModelNotFound
 from gateway.fitting.summary_writer import ROUTE_BACKEND_HEADER, SUMMARIZER_TENANT, InternalCalls
-from gateway.loads.keep_alive import carries_admin_key
-from gateway.loads.load_requests import is_load_request, keep_alive_of, serve_load_request
-from gateway.loads.oom import GpuOutOfMemory, oom_refusal, room_after_oom
+from gateway.loads.keep_alive import carries_admin_key, unloads
+from gateway.loads.load_requests import is_load_request, keep_alive_of
+from gateway.loads.oom import GpuOutOfMemory, oom_refusal
 from gateway.loads.oom_catch import held_unless_oom
 from gateway.notice import Notice, reply_notice
-from gateway.observability.logs import ClientText, request_id_var
-from gateway.observability.metrics import Metrics, record
-from gateway.observability.reply_checks import ReplyChecks, usage_counts_prompt
-from gateway.observability.request_log import logged_content, request_fields
-from gateway.observability.tenant_usage import UNIDENTIFIED, refusal_reason
+from gateway.observability.exchange_log import finish
+from gateway.observability.logs import request_id_var
+from gateway.observability.metrics import Metrics
+from gateway.observability.reply_checks import ReplyChecks, TruncationCheck, usage_counts_prompt
+from gateway.observability.request_log import logged_content
+from gateway.observability.tenant_usage import refusal_reason
 from gateway.observability.usage import UsageObserver
 from gateway.routing import ROUTE_HEADER, BackendFailed, RouteCollector, RoutePlan, Router
-from gateway.streaming import relay
-from gateway.tokens import TokenCount
-from gateway.tokens.prompt_counter import PromptCounter
+from gateway.streaming import RelayPlan, relay
 
 log = logging.getLogger("gateway.proxy")
 
-def _gone(request: web.Request) -> bool:
-    transport = request.transport
-    return transport is None or transport.is_closing()
+
+@dataclass(frozen=True, slots=True)
+class Forwarding:
+    """What kvgate does to one forward beyond sending it: read the reply's usage (``observer``), name a silent
+    truncation of the forwarded prompt (``truncation``), add a notice, wait for a restarting backend, tell an
+    out-of-memory apart, end it when the shared ledger fences it."""
+
+    observer: UsageObserver | None = None
+    truncation: TruncationCheck | None = None
+    notice: Notice | None = None
+    wait_restart: bool = True
+    catch_oom: bool = False
+    fence: FenceSignal | None = None
 
 
-@dataclass(slots=True)
-class _Trace:
-    """What the request path learned so far, for the request's log line and metrics: the backend it chose ("-"
-    until one is) and what admission did (None until it admitted)."""
-
-    backend: str = "-"
-    outcome: AdmissionOutcome | None = None
-    admitting: bool = False
-    """True while the admission step runs (a refusal raised then is admission's)."""
-    output_tokens: int | None = None
-    """The output length the backend reported (observability/usage.py), for the tenant's usage."""
-    refusal: str | None = None
-    model: str = "-"
-    asked_model: str | None = None
-    """The model the client named, for the log line until the pool's own name is known (``model``)."""
-    count: TokenCount | None = None
-    """The prompt's count, for the log line of a request refused before admission ended."""
-    content: str | None = None
-    """The last user message, only with ``server.log_contents`` (request_log.logged_content)."""
-    pool: PoolKey | None = None
-    """The pool the request was planned in, for its counts (observability/outcomes.py)."""
-    summary_failure: str | None = None
-    """Why a summary tried before a refusal failed (``SummaryFailed.reason``)."""
-    rate_charge: RateCharge | None = None
-    """What the tenant's rate was charged up front, settled once the request ends (rate_charge.py)."""
-    usage: UsageObserver | None = None
-    """What the reply reported or streamed, for the settlement."""
+PLAIN = Forwarding()
 
 
 class Proxy:
     def __init__(
         self,
-        live: LiveSettings,
+        live: LiveSettings[TenantDirectory],
         registry: BackendRegistry,
-        counter: PromptCounter,
-        admitter: Admitter,
+        step: AdmissionStep,
         metrics: Metrics,
-        clock: Callable[[], float] = time.perf_counter,
         internal: InternalCalls | None = None,
-        rates: TenantRates | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._live = live  # the settings and tenants of new requests; a reload replaces them (gateway/config/reload.py)
         self._internal = internal
-        self._rates = rates or TenantRates()  # shared across replicas with a shared ledger
         self._registry = registry
-        self._counter = counter
-        self._admitter = admitter
+        self._step = step
         self._metrics = metrics
         self._clock = clock
-        self._router = Router(admitter)
-        self._checks = ReplyChecks(live, counter, metrics)  # after a counted reply: truncation, calibration
+        self._router = Router(step)
+        self._checks = ReplyChecks(live, step.counter, metrics)  # after a counted reply: truncation, calibration
         metrics.registry.register(RouteCollector(self._router, lambda: [b.name for b in registry.backends]))
         server = live.settings.server  # the body budget is bound at start (server.* needs a restart)
         self.bodies = BodyBudget(int(server.max_held_body_bytes), wait_s=server.held_body_wait_s)
         """Request-body bytes held at once, across the proxied routes and /kvgate/count."""
-        live.subscribe(self._reloaded)
+        live.subscribe(step.reloaded)
 
     @property
     def router(self) -> Router:
         """Which backend each request goes to (its outage book and routing state: the status page)."""
         return self._router
 
-    def _reloaded(self, settings: Settings) -> None:
-        """Keep the rate buckets of the tenants (and rates) that remain."""
-        self._rates.retain({name: RateLimit(tenant.tokens_per_minute, tenant.requests_per_minute)
-                            for name, tenant in settings.tenants.items()})
-
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
-        request_id = request_id_for(request.headers)
-        token = request_id_var.set(request_id)
-        dialect = fallback_dialect(request.path) if route is FALLBACK else route.dialect
-        started_s = self._clock()
-        status = 0
-        detail: dict[str, object] = {"tenant": UNIDENTIFIED}  # until the key names one
-        trace = _Trace()
+        facts = RequestFacts(
+            request_id=request_id_for(request.headers), method=request.method, path=request.path,
+            route_label=route.path if route is not FALLBACK else "other",
+            dialect=fallback_dialect(request.path) if route is FALLBACK else route.dialect,
+            settings=self._live.settings,  # read once: the request runs under one configuration, whatever reloads
+            started_s=self._clock())
+        exchange = Exchange(facts, request)
+        token = request_id_var.set(facts.request_id)
         lease = self.bodies.lease()  # the body bytes this request holds, given back when it is over
         try:
-            internal = self._internal is not None and self._internal.is_internal(request.headers)
-            admin = carries_admin_key(request.headers, self._live.settings.server.admin_key)
-            tenant = Tenant(SUMMARIZER_TENANT) if internal else Tenant(ADMIN_TENANT) if admin \
-                else self._live.tenants.identify(request.headers)
-            detail["tenant"] = tenant.name
-            response = await self._dispatch(request, route, dialect, request_id, tenant, lease, trace)
-            status = response.status
+            exchange.identified(self._identify(request))
+            response = await self._dispatch(exchange, route, lease)
+            exchange.status = response.status
             return response
         except GatewayError as exc:
-            status = exc.status
-            detail["error"] = exc.message
-            if isinstance(exc, AdmissionRejected):
-                trace.summary_failure = exc.summary_failure
-            trace.refusal = refusal_reason(exc, in_admission=trace.admitting)
-            return self._error_response(dialect, exc, request_id)
+            exchange.status, exchange.error = exc.status, exc.message
+            if exchange.refusal is None:
+                exchange.refusal = refusal_reason(exc, in_admission=False)
+            return self._error_response(exchange, exc)
         except asyncio.CancelledError:
-            status = 499
+            exchange.status = 499
             log.info("client disconnected; upstream request closed")
             raise
         except Exception:
-            status = 500
+            exchange.status = 500
             log.exception("internal error")
-            return self._error_response(dialect, InternalError(f"internal error in kvgate (request {request_id})"),
-                                        request_id)
+            return self._error_response(exchange, InternalError(
+                f"internal error in kvgate (request {facts.request_id})"))
         finally:
             lease.release()
-            await settle_rate(self._rates, trace.rate_charge, trace.usage, status)
-            elapsed_s = self._clock() - started_s
-            detail.update(request_fields(
-                status=status, backend=trace.backend, model=trace.asked_model if trace.model == "-" else trace.model,
-                outcome=trace.outcome, count=trace.count, refusal=trace.refusal, content=trace.content))
-            log.info("%s %s %d", request.method, ClientText(request.path), status,
-                     extra={"duration_ms": round(elapsed_s * 1000, 2), **detail})
-            route_label = route.path if route is not FALLBACK else "other"
-            record(self._metrics, route_label, status, elapsed_s, backend=trace.backend,
-                   tenant=str(detail.get("tenant", UNIDENTIFIED)), outcome=trace.outcome,
-                   output_tokens=trace.output_tokens, refusal=trace.refusal, pool=trace.pool,
-                   summary_failure=trace.summary_failure)
-            self._metrics.recent_decisions.add(request_id=request_id, tenant=str(detail.get("tenant", UNIDENTIFIED)),
-                                               backend=trace.backend, model=trace.model, status=status,
-                                               outcome=trace.outcome, refusal=trace.refusal,
-                                               error=str(detail.get("error", "")) or None)
-            if trace.count is not None:
-                self._metrics.longest_prompts.see(trace.backend, trace.model, trace.count.tokens, trace.count.exact)
+            await self._step.settle(exchange)
+            finish(self._metrics, exchange, self._clock() - facts.started_s)
             request_id_var.reset(token)
 
-    def _error_response(self, dialect: Dialect, error: GatewayError, request_id: str) -> web.Response:
+    def _identify(self, request: web.Request) -> Tenant:
+        """kvgate's own summary requests, the admin, or the tenant the key names (a bad key raises 401)."""
+        if self._internal is not None and self._internal.is_internal(request.headers):
+            return Tenant(SUMMARIZER_TENANT)
+        if carries_admin_key(request.headers, self._live.settings.server.admin_key):
+            return Tenant(ADMIN_TENANT)
+        return self._live.tenants.identify(request.headers)
+
+    @staticmethod
+    def _error_response(exchange: Exchange, error: GatewayError) -> web.Response:
         if error.status >= 500:
             log.warning("%s", error.message)
-        return error_response(error, dialect, request_id=request_id)
+        return error_response(error, exchange.facts.dialect, request_id=exchange.facts.request_id)
 
-    async def _dispatch(
-        self, request: web.Request, route: Route, dialect: Dialect, request_id: str, tenant: Tenant,
-        lease: BodyLease, trace: _Trace,
-    ) -> web.StreamResponse:
+    async def _dispatch(self, exchange: Exchange, route: Route, lease: BodyLease) -> web.StreamResponse:
+        request = exchange.http
         if route.handling is Handling.LISTING:
-            return await merged_listing(self._registry, request, route, request_id)
+            return await merged_listing(self._registry, request, route, exchange.facts.request_id)
         if route.handling is Handling.PASSTHROUGH:
-            model = trace.asked_model = request.match_info.get("model")
-            backend = await self._registry.resolve(model, route.kind)
-            trace.backend = backend.name
-            body = request.content.iter_any() if request.body_exists else None
+            exchange.asked_model = request.match_info.get("model")
+            backend = exchange.backend = await self._registry.resolve(exchange.asked_model, route.kind)
+            streamed = request.content.iter_any() if request.body_exists else None
             try:
-                return await self._forward(request, backend, body, dialect, request_id, {})
+                return await self._forward(exchange, streamed, {})
             finally:
                 if route.operation is Operation.MANAGE:
                     backend.listed_at_s = None  # a pull, create, copy or delete: list its models anew when asked
-        settings = self._live.settings  # read once: this request runs under one configuration, whatever reloads
+        await self._read(exchange, route, lease)
+        body = exchange.body
+        assert body is not None
+        backends = await self._backend_for(exchange, route)
+        backend = exchange.backend = backends[0]
+        if is_load_request(body.parsed, backend):  # through the load gate, like a load a request causes
+            return await self._load_request(exchange, backend)
+        if not body.parsed.allocates_kv:
+            return await self._forward(exchange, body.raw, dict(body.headers))
+        return await self._route(exchange, backends)
+
+    async def _read(self, exchange: Exchange, route: Route, lease: BodyLease) -> None:
+        """Read the body (bounded, held under the request's lease), parse it once, and take a client keep_alive
+        off it: the exchange's body."""
+        request, settings = exchange.http, exchange.facts.settings
         raw = await read_body(request, lease, max_bytes=int(settings.server.max_body_bytes))
         decoded = await decode_bounded(raw, max_elements=settings.server.max_json_elements)  # off-loop when large
-        parsed = dialects.parse(dialect, route.operation, decoded, request.path)
-        trace.asked_model = parsed.model
+        parsed = dialects.parse(exchange.facts.dialect, route.operation, decoded, request.path)
+        exchange.asked_model = parsed.model
         raw, parsed, notes = keep_alive_of(request.headers, request.path, raw, parsed, settings)
+        exchange.body = RequestBody(parsed, raw, notes)
         if settings.server.log_contents:
-            trace.content = logged_content(parsed)
-        backends = await self._backend_for(request, parsed, route, tenant)
-        backend = backends[0]
-        trace.backend = backend.name
-        if is_load_request(parsed, backend):  # through the load gate, like a load a request causes
-            try:
-                model = await self._registry.target_model(backend, parsed.model)
-            except ModelNotFound:  # nothing to load: the backend answers as it would
-                return await self._forward(request, backend, raw, dialect, request_id, notes)
-            return await serve_load_request(
-                self._admitter, backend, model, parsed, raw,
-                lambda body: self._forward(request, backend, body, dialect, request_id, notes),
-                pin_num_ctx=settings.admission.pin_num_ctx)
-        if not parsed.allocates_kv:
-            return await self._forward(request, backend, raw, dialect, request_id, notes)
-        plan = await self._router.plan(parsed, backends, settings.routing, settings.admission.default_output_tokens)
-        for backend, why in plan:  # the next one only after the last failed before anything reached the client
-            trace.backend = backend.name
-            headers = {**notes, **({ROUTE_HEADER: why} if plan.routed else {})}
+            exchange.content = logged_content(parsed)
+
+    async def _load_request(self, exchange: Exchange, backend: Backend) -> web.StreamResponse:
+        """An Ollama load or unload request, through the load gate (loads/load_requests.py)."""
+        body = exchange.body
+        assert body is not None
+        try:
+            model = await self._registry.target_model(backend, body.parsed.model)
+        except ModelNotFound:  # nothing to load: the backend answers as it would
+            return await self._forward(exchange, body.raw, dict(body.headers))
+        if unloads(body.parsed.body):
+            async with self._step.unloading(exchange):
+                return await self._forward(exchange, body.raw, dict(body.headers))
+        result = await self._step.load(exchange, model)
+        if isinstance(result, Refused):
+            raise result.error
+        try:
+            return await self._forward(exchange, result.body, dict(body.headers))
+        finally:
+            result.release()
+
+    async def _route(self, exchange: Exchange, backends: list[Backend]) -> web.StreamResponse:
+        """Serve the request on the backend routing ranks first; on the next only when the last failed before
+        anything reached the client."""
+        body, settings = exchange.body, exchange.facts.settings
+        assert body is not None
+        plan = await self._router.plan(body.parsed, backends, settings.routing,
+                                       settings.admission.default_output_tokens)
+        exchange.deadline = request_deadline(exchange.http.headers)
+        for backend, why in plan:
+            exchange.backend = backend
+            headers = {**body.headers, **({ROUTE_HEADER: why} if plan.routed else {})}
             try:
                 try:
-                    response = await self._serve(request, parsed, raw, dialect, request_id, tenant, settings, trace,
-                                                 backend, plan, headers)
+                    response = await self._serve(exchange, plan, headers)
                 except GpuOutOfMemory as oom:  # nothing reached the client: a fresh reading, one retry, else 503
-                    await room_after_oom(self._admitter.loads, backend, oom.model, oom.words, retried=False)
-                    response = await self._serve(request, parsed, raw, dialect, request_id, tenant, settings, trace,
-                                                 backend, plan, headers, retried=True)
+                    await self._step.after_oom(backend, oom.model, oom.words)
+                    response = await self._serve(exchange, plan, headers, retried=True)
             except BackendFailed as failure:
                 if not plan.failed(failure):
                     raise failure.error from None
@@ -279,143 +250,98 @@ class Proxy:
         raise AssertionError("a route plan has at least one backend")
 
     async def _serve(
-        self, request: web.Request, parsed: ParsedRequest, raw: bytes, dialect: Dialect, request_id: str,
-        tenant: Tenant, settings: Settings, trace: _Trace, backend: Backend, plan: RoutePlan,
-        route_headers: dict[str, str], *, retried: bool = False,
+        self, exchange: Exchange, plan: RoutePlan, route_headers: dict[str, str], *, retried: bool = False,
     ) -> web.StreamResponse:
-        """Admit the request on ``backend``'s pool and forward it; raises BackendFailed when the backend failed
+        """Admit the request on the exchange's backend and forward it; raises BackendFailed when the backend failed
         before anything was sent to the client (its permit released: another backend may take the request), and
         GpuOutOfMemory when it ran out of GPU memory (``retried``: then it is a 503, loads/oom.py)."""
-        model = await self._registry.target_model(backend, parsed.model)
-        if not reserves_kv(backend.kind, parsed.operation):  # an embedding on Ollama: its model's load is gated
-            return await self._serve_unreserved(request, raw, dialect, request_id, tenant, trace, backend, model,
-                                                plan, route_headers)
-        try:
-            pool = await self._admitter.pool_for(backend, model)
-        except (BackendNotReady, BackendUnavailable) as exc:  # BackendDown: refused at once, it is not up
-            raise BackendFailed(backend, exc) from None
-        if pool is not None and backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
-            pool = await self._admitter.pool_at_default(backend, pool)  # /v1 reloads at Ollama's default context
-        model = trace.model = pool.model if pool is not None and pool.model else model  # "": a server's one pool
-        trace.pool = pool.key if pool is not None else None
-        claim = self._admitter.claim(backend, pool)  # the model is not unloaded under this request
-        try:
-            count = trace.count = await self._counter.count(parsed, backend, model)
-            checked = usage_counts_prompt(parsed, count)  # the reply's usage is checked for a truncation
-            if not plan.retrying and trace.rate_charge is None:  # once per request, not per backend or retry
-                trace.rate_charge = await take_rate(self._rates, tenant, count, reserved_output(
-                    parsed, tenant, settings.admission.default_output_tokens))
-            counted = checked or (trace.rate_charge is not None and trace.rate_charge.counts_tokens)
-            observer = trace.usage = UsageObserver() if counted else trace.usage
-            trace.admitting = True
-            fit = self._fit_policy(settings, tenant, model)
-            admitted = await self._admitter.admit(
-                parsed, raw, pool, count, tenant, lambda: _gone(request),
-                lambda changed: self._counter.count(
-                    changed, backend, model, budget_s=settings.counting.refusal_count_wait_s),
-                fit,
-                request_deadline(request.headers),
-            )
-            trace.outcome, trace.admitting = admitted.outcome, False
-            plan.admitted()  # the ledger holds it now; its service time starts
-            try:
-                headers = {**response_headers(admitted.outcome), **route_headers}
-                notice = None if pool is None else reply_notice(parsed, admitted.outcome, pool.slot_ctx_tokens,
-                                                                enabled=fit.notice)
-                try:
-                    with fenced(self._fences(), admitted.lease) as fence:  # shared ledger: ended before it expires
-                        response = await self._forward(
-                            request, backend, admitted.body, dialect, request_id, headers, observer,
-                            admitted.outcome.forwarded_count if checked else None, notice,
-                            wait_restart=not plan.routed,  # else: the next backend
-                            catch_oom=self._admitter.gates_loads(backend), fence=fence)
-                except (BackendUnavailable, BackendTimeout) as exc:  # nothing was sent: the client waits on
-                    raise BackendFailed(backend, exc) from None
-                except GpuOutOfMemory as oom:
-                    self._admitter.model_may_have_reloaded(backend, model)  # the runner may be gone: read anew
-                    if retried:
-                        raise oom_refusal(backend.describe(), model, oom.words, retried=True) from None
-                    oom.model = model
-                    raise
-            finally:
-                admitted.release()
-                if backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None:
-                    self._admitter.model_may_have_reloaded(backend, model, at_default=True)  # /v1: Ollama's default
-            if observer is not None and response.status == 200:
-                trace.output_tokens = observer.output_tokens()
-            if checked and observer is not None and response.status == 200:
-                await self._checks.observe(parsed, backend, admitted.outcome, observer.prompt_tokens(), model)
-            return response
-        finally:
-            claim.release()
+        backend = exchange.backend
+        assert backend is not None
+        result = await self._step.step(exchange)
+        if isinstance(result, Refused):
+            if result.backend_failed:
+                raise BackendFailed(backend, result.error)
+            exchange.refusal = refusal_reason(result.error, in_admission=True)
+            exchange.summary_failure = result.summary_failure
+            raise result.error
+        if result.outcome is None:  # it reserves nothing on this backend (an embedding on Ollama)
+            return await self._serve_unreserved(exchange, result, route_headers)
+        plan.admitted()  # the ledger holds it now; its service time starts
+        return await self._serve_admitted(exchange, result, {**response_headers(result.outcome), **route_headers},
+                                          wait_restart=not plan.routed, retried=retried)
 
     async def _serve_unreserved(
-        self, request: web.Request, raw: bytes, dialect: Dialect, request_id: str, tenant: Tenant, trace: _Trace,
-        backend: Backend, model: str | None, plan: RoutePlan, route_headers: dict[str, str],
+        self, exchange: Exchange, admitted: Admitted, route_headers: dict[str, str],
     ) -> web.StreamResponse:
-        """A request that holds no KV reservation on its backend: its model is loaded through the GPU check when not
-        resident, and held resident until the response ends."""
-        trace.model = model or "-"
-        if not plan.retrying:
-            trace.rate_charge = await take_rate(self._rates, tenant, None, 0)
-        claim = await self._admitter.hold_model(backend, model)
+        backend = exchange.backend
+        assert backend is not None
         try:
-            return await self._forward(request, backend, raw, dialect, request_id, route_headers)
+            return await self._forward(exchange, admitted.body, route_headers)
         except (BackendUnavailable, BackendTimeout) as exc:  # nothing was sent: another backend may take it
             raise BackendFailed(backend, exc) from None
         finally:
-            claim.release()
+            admitted.release()
 
-    async def _backend_for(
-        self, request: web.Request, parsed: ParsedRequest, route: Route, tenant: Tenant
-    ) -> list[Backend]:
+    async def _serve_admitted(
+        self, exchange: Exchange, admitted: Admitted, headers: dict[str, str], *, wait_restart: bool, retried: bool,
+    ) -> web.StreamResponse:
+        """Forward an admitted request; what it holds is given back once its response ended, however it ended."""
+        backend, parsed, outcome = exchange.backend, exchange.parsed, admitted.outcome
+        assert backend is not None and outcome is not None
+        checked = usage_counts_prompt(parsed, exchange.count)  # the reply's usage is checked for a truncation
+        counted = checked or (exchange.rate_charge is not None and exchange.rate_charge.counts_tokens)
+        observer = UsageObserver() if counted else None
+        if observer is not None:
+            exchange.usage = observer  # read once the request is over: the rate's settlement
+        notice = None if admitted.pool is None or admitted.fit is None else reply_notice(
+            parsed, outcome, admitted.pool.slot_ctx_tokens, enabled=admitted.fit.notice)
+        truncation = None if not checked else TruncationCheck(
+            outcome.forwarded_count, exchange.facts.settings.counting.estimate_safety_margin)
+        out_of_memory = False
+        try:
+            with fenced(self._step.fences(), admitted.lease) as fence:  # shared ledger: ended before it expires
+                response = await self._forward(exchange, admitted.body, headers, Forwarding(
+                    observer, truncation, notice, wait_restart=wait_restart,  # else: the next backend
+                    catch_oom=admitted.catches_oom, fence=fence))
+        except (BackendUnavailable, BackendTimeout) as exc:  # nothing was sent: the client waits on
+            raise BackendFailed(backend, exc) from None
+        except GpuOutOfMemory as oom:
+            out_of_memory = True  # the runner may be gone: its layout is read anew
+            model = exchange.model or ""
+            if retried:
+                raise oom_refusal(backend.describe(), model, oom.words, retried=True) from None
+            oom.model = model
+            raise
+        finally:
+            admitted.release(out_of_memory=out_of_memory)
+        if observer is not None and response.status == 200:
+            exchange.output_tokens = observer.output_tokens()
+        if checked and observer is not None and response.status == 200:
+            await self._checks.observe(parsed, backend, outcome, observer.prompt_tokens(), exchange.model or "")
+        return response
+
+    async def _backend_for(self, exchange: Exchange, route: Route) -> list[Backend]:
         """The backends that serve the model (routing picks one); kvgate's own summary requests may name one
         (``X-Kvgate-Route-Backend``, ignored on a client's request)."""
-        named = request.headers.get(ROUTE_BACKEND_HEADER)
-        if named and tenant.name == SUMMARIZER_TENANT and self._internal is not None \
-                and self._internal.is_internal(request.headers):
+        headers = exchange.http.headers
+        named = headers.get(ROUTE_BACKEND_HEADER)
+        if named and exchange.tenant.name == SUMMARIZER_TENANT and self._internal is not None \
+                and self._internal.is_internal(headers):
             found = next((b for b in self._registry.backends if b.name == named), None)
             if found is None:
                 raise BadRequest(f"fitting.summary_backend names backend {named!r}; kvgate has "
                                  f"{', '.join(b.name for b in self._registry.backends)}")
             return [found]
-        return await self._registry.serving(parsed.model, route.kind)
-
-    @staticmethod
-    def _fit_policy(settings: Settings, tenant: Tenant, model: str | None) -> FitPolicy:
-        """What a request too long for its context may have done to it; kvgate's own summary requests are never
-        summarized themselves."""
-        policy = policy_for(settings, tenant=tenant.name, model=model)
-        return policy.without_summaries() if tenant.name == SUMMARIZER_TENANT else policy
-
-    def _fences(self) -> Fences | None:
-        shared = self._admitter.room.shared
-        return None if shared is None else shared.fences
-
-    def _stream_cut(self, backend: str, reason: str) -> None:
-        """A backend's answer broke off mid-way: take it out (``routing.down_s``), as if it had failed before."""
-        self._router.failed(backend, f"its answer broke off mid-way: {reason}", self._live.settings.routing)
+        return await self._registry.serving(exchange.parsed.model, route.kind)
 
     async def _forward(
-        self,
-        request: web.Request,
-        backend: Backend,
-        body: bytes | AsyncIterator[bytes] | None,
-        dialect: Dialect,
-        request_id: str,
-        headers_out: dict[str, str],
-        observer: UsageObserver | None = None,
-        forwarded: TokenCount | None = None,
-        notice: Notice | None = None,
-        *,
-        wait_restart: bool = True,
-        catch_oom: bool = False,
-        fence: FenceSignal | None = None,
+        self, exchange: Exchange, body: bytes | AsyncIterator[bytes] | None, headers_out: dict[str, str],
+        how: Forwarding = PLAIN,
     ) -> web.StreamResponse:
-        """Send the request to ``backend`` and relay its answer; with an ``observer``, the reply's usage is read on
-        the way and a reply held whole names a silent truncation of the ``forwarded`` prompt in a header. A
-        ``notice`` goes into the reply (``fitting.notice``), asked of the backend uncompressed."""
-        timeouts = backend.settings.timeouts
+        """Send the request to the exchange's backend and relay its answer, as ``how`` says; a notice is asked of
+        the backend uncompressed."""
+        request, backend, request_id = exchange.http, exchange.backend, exchange.facts.request_id
+        assert backend is not None
         headers = upstream_request_headers(
             request.headers, host=backend.host_header, request_id=request_id, api_key=backend.api_key,
             client_ip=request.remote,  # kvgate's keys (a tenant's, the admin's) stay in kvgate
@@ -423,22 +349,23 @@ class Proxy:
                                                                               self._live.settings.server.admin_key),
             body_decoded=isinstance(body, bytes),  # a body kvgate read is forwarded decoded (edge/body/encoding.py)
         )
-        if notice is not None:
+        if how.notice is not None:
             headers["Accept-Encoding"] = "identity"  # the reply is rewritten: kvgate must read it
         upstream = await backend.client.open(request.method, request.raw_path, headers, body,
-                                             wait_restart=wait_restart)
+                                             wait_restart=how.wait_restart)
         try:
             extra = {"X-Kvgate-Backend": backend.name, **headers_out}
-            held = await held_unless_oom(upstream, request_id=request_id, extra_headers=extra) if catch_oom else None
+            held = await held_unless_oom(upstream, request_id=request_id, extra_headers=extra) \
+                if how.catch_oom else None
             if held is not None:  # a 500 that was no out-of-memory, read whole to tell
                 return held
-            return await relay(
-                request, upstream, dialect=dialect, idle_s=timeouts.idle_s, request_id=request_id,
-                backend_label=backend.describe(), extra_headers=extra,
-                observer=observer, coalesce_s=self._live.settings.server.stream_coalesce_s,
-                held_headers=None if observer is None or forwarded is None
-                else functools.partial(self._checks.truncation_header, observer, forwarded),
-                on_cut=functools.partial(self._stream_cut, backend.name), notice=notice, fence=fence,
-            )
+            relayed = await relay(request, upstream, RelayPlan(
+                exchange.facts.dialect, request_id, backend.describe(), backend.settings.timeouts.idle_s, extra,
+                coalesce_s=self._live.settings.server.stream_coalesce_s, observer=how.observer,
+                truncation=how.truncation if how.observer is not None else None, notice=how.notice, fence=how.fence))
         finally:
             upstream.close()
+        if relayed.cut is not None:  # the answer broke off mid-way: take the backend out (routing.down_s)
+            self._router.failed(backend.name, f"its answer broke off mid-way: {relayed.cut}",
+                                self._live.settings.routing)
+        return relayed.response

@@ -15,10 +15,10 @@ changes. A fast backend then costs the client and kvgate one write and one wake-
                                  <- coalesce_s ->
 
 Held bodies. A body that is not a stream is read whole before the headers go out when it is small
-(``SMALL_BODY_BYTES``), or, when the caller wants headers that depend on the body (``held_headers``: kvgate names a
-silent truncation it read in the reply) or a notice in it, when it ends within ``HELD_BODY_BYTES``. A larger one is
-sent on as it comes: what was held goes first, the rest streams (and gets no notice). Streams (NDJSON, SSE) are
-never held.
+(``SMALL_BODY_BYTES``), or, when the caller wants headers that depend on the body (``RelayPlan.truncation``:
+kvgate names a silent truncation it read in the reply) or a notice in it, when it ends within ``HELD_BODY_BYTES``. A
+larger one is sent on as it comes: what was held goes first, the rest streams (and gets no notice). Streams (NDJSON,
+SSE) are never held.
 
 Notices (``gateway.notice``, ``fitting.notice``). A 200 reply to a request kvgate trimmed or summarized may carry one
 line saying so: a held JSON body is rewritten with it, a stream gets one extra event before its first text (the rest
@@ -33,6 +33,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -45,6 +46,7 @@ from gateway.edge.headers import downstream_response_headers, stream_kind
 from gateway.edge.serving import CONNECTIONS
 from gateway.errors import BackendTimeout, GatewayError
 from gateway.notice import Notice, NoticeStream
+from gateway.observability.reply_checks import TruncationCheck, truncation_header
 from gateway.observability.usage import UsageObserver
 
 log = logging.getLogger(__name__)
@@ -52,11 +54,8 @@ log = logging.getLogger(__name__)
 SMALL_BODY_BYTES = 256 * 1024
 """Bodies of known length up to this size that are not streams are read whole and sent in one write."""
 HELD_BODY_BYTES = 4 * 1024 * 1024
-"""With ``held_headers``: non-stream bodies up to this size are read whole before the headers are sent. A chat
-reply is far smaller; the bound keeps a huge body from sitting in memory."""
-
-HeldHeaders = Callable[[int, Mapping[str, str]], Mapping[str, str]]
-"""(status, the headers about to be sent) -> headers to add, once the whole body was read and fed to the observer."""
+"""With a truncation check or a notice: non-stream bodies up to this size are read whole before the headers are
+sent. A chat reply is far smaller; the bound keeps a huge body from sitting in memory."""
 
 
 class ClientGone(Exception):
@@ -77,28 +76,40 @@ def _client_write_s(request: web.Request) -> float:
     return DEFAULT_CLIENT_WRITE_S if connections is None else connections.limits.client_write_timeout_s
 
 
-async def relay(
-    request: web.Request,
-    upstream: aiohttp.ClientResponse,
-    *,
-    dialect: Dialect,
-    idle_s: float,
-    request_id: str,
-    backend_label: str,
-    extra_headers: dict[str, str],
-    observer: UsageObserver | None = None,
-    coalesce_s: float = 0.0,
-    held_headers: HeldHeaders | None = None,
-    on_cut: Callable[[str], None] | None = None,
-    notice: Notice | None = None,
-    fence: FenceSignal | None = None,
-) -> web.StreamResponse:
-    """Relay the backend's answer. ``on_cut`` hears why, when the backend's stream broke off after the answer began
-    (the connection dropped, or it went silent for ``idle_s``): too late to retry, but the backend is suspect.
-    ``notice``: the line a 200 reply gets (module docstring). ``fence``: the shared ledger may end the request
-    (``gateway.admission.shared.fencing``): a stream then gets the fence's error as its final event."""
+@dataclass(frozen=True, slots=True)
+class RelayPlan:
+    """How one answer is relayed: whose it is, how long the backend may go quiet, and what kvgate does on the way."""
+
+    dialect: Dialect
+    request_id: str
+    backend_label: str
+    idle_s: float
+    extra_headers: Mapping[str, str] = field(default_factory=dict)
+    coalesce_s: float = 0.0
+    observer: UsageObserver | None = None
+    truncation: TruncationCheck | None = None
+    """A reply held whole names a silent truncation of the forwarded prompt in a header (needs ``observer``)."""
+    notice: Notice | None = None
+    """The line a 200 reply gets (module docstring)."""
+    fence: FenceSignal | None = None
+    """The shared ledger may end the request (``gateway.admission.shared.fencing``): a stream then gets the
+    fence's error as its final event."""
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    response: web.StreamResponse
+    cut: str | None = None
+    """Why the backend's stream broke off after the answer began (the connection dropped, or it went silent for
+    ``idle_s``): too late to retry, but the backend is suspect. None when it ended whole (or the fence ended it)."""
+
+
+async def relay(request: web.Request, upstream: aiohttp.ClientResponse, plan: RelayPlan) -> Relayed:
+    """Relay the backend's answer as ``plan`` says; what broke it off, if anything, comes back with the response."""
+    dialect, request_id, idle_s, backend_label = plan.dialect, plan.request_id, plan.idle_s, plan.backend_label
+    observer, notice, fence = plan.observer, plan.notice, plan.fence
     headers = downstream_response_headers(upstream.headers, request_id=request_id)
-    headers.update(extra_headers)
+    headers.update(plan.extra_headers)
     kind = stream_kind(upstream.headers.get("Content-Type", ""))
     if observer is not None:
         observer.begin(upstream.headers.get("Content-Type", ""))
@@ -109,7 +120,7 @@ async def relay(
     if rewriter is not None:
         headers.popall("Content-Length", None)  # one event longer
     length = upstream.content_length
-    holding = held_headers is not None or notice is not None
+    holding = (plan.truncation is not None and observer is not None) or notice is not None
     hold_bytes = HELD_BODY_BYTES if holding else SMALL_BODY_BYTES
     held = b""
     held_whole = holding if length is None else length <= hold_bytes
@@ -118,13 +129,13 @@ async def relay(
         if observer is not None:
             observer.feed(held)
         if whole:
-            if held_headers is not None:
-                headers.update(held_headers(upstream.status, headers))
+            if plan.truncation is not None and observer is not None:
+                headers.update(truncation_header(observer, plan.truncation, upstream.status))
             told = None if notice is None else notice.rewrite_body(held)
             if told is not None:
                 headers.popall("Content-Length", None)
-            return web.Response(status=upstream.status, reason=upstream.reason, headers=headers,
-                                body=held if told is None else told)
+            return Relayed(web.Response(status=upstream.status, reason=upstream.reason, headers=headers,
+                                        body=held if told is None else told))
 
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     await response.prepare(request)
@@ -132,22 +143,19 @@ async def relay(
     try:
         if held:
             await _write_held(response, held, write_s)
-        error = await pump(upstream, response, idle_s=idle_s, coalesce_s=coalesce_s, backend_label=backend_label,
-                            observer=observer, write_s=write_s, rewriter=rewriter, fence=fence)
+        error = await pump(upstream, response, plan, write_s=write_s, rewriter=rewriter)
     except ClientStalled:
         _client_stalled(request, write_s)
-        return response
+        return Relayed(response)
     except ClientGone:
         log.info("client disconnected mid-stream; upstream request closed")
-        return response
+        return Relayed(response)
     if error is None:
         await response.write_eof(rewriter.end() if rewriter is not None else b"")
-        return response
+        return Relayed(response)
     fenced = fence is not None and fence.error is error  # the backend is not to blame
     log.warning("stream ended by the shared ledger's fence: %s" if fenced else "stream from backend ended early: %s",
                 error.message)
-    if on_cut is not None and not fenced:
-        on_cut(error.message)
     if kind is not None:
         try:
             if rewriter is not None:
@@ -158,7 +166,7 @@ async def relay(
             log.info("client disconnected before the error event could be sent")
     elif request.transport is not None:
         request.transport.close()
-    return response
+    return Relayed(response, cut=None if fenced else error.message)
 
 
 async def _hold(
@@ -248,21 +256,15 @@ class _IdleWatchdog:
 
 
 async def pump(
-    upstream: aiohttp.ClientResponse,
-    response: web.StreamResponse,
-    *,
-    idle_s: float,
-    coalesce_s: float,
-    backend_label: str,
-    observer: UsageObserver | None,
-    write_s: float = math.inf,
+    upstream: aiohttp.ClientResponse, response: web.StreamResponse, plan: RelayPlan, *, write_s: float = math.inf,
     rewriter: NoticeStream | None = None,
-    fence: FenceSignal | None = None,
 ) -> GatewayError | None:
     """Copy chunks until the backend's body ends, coalescing fast ones (module docstring); returns the backend's
     failure, if any. Raises ``ClientGone`` when the client left, ``ClientStalled`` when a write did not drain
-    within ``write_s``. With a ``rewriter``, the client gets what it makes of each chunk (the observer, the
-    backend's own). A ``fence`` that fires ends the copy with the fence's error."""
+    within ``write_s``. With a ``rewriter``, the client gets what it makes of each chunk (the plan's observer, the
+    backend's own). The plan's fence, when it fires, ends the copy with the fence's error."""
+    idle_s, coalesce_s, backend_label, observer, fence = (plan.idle_s, plan.coalesce_s, plan.backend_label,
+                                                          plan.observer, plan.fence)
     loop = asyncio.get_running_loop()
     content = upstream.content
     task = asyncio.current_task()

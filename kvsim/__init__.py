@@ -14,7 +14,7 @@ processes take the GPU, and llama-server's unified-pool "Context size has been e
 
 The simulator stands alone: it imports nothing of the gateway but its GGUF and tokenizer readers, and its memory
 model (gpu/kv_cache.py) is written from the runtimes' behaviour, not from gateway.memory, so the two check each
-other (tests/sim/test_kv_crosscheck.py).
+other (tests/kvsim/test_kv_crosscheck.py).
 
 Packages: shared at the top (config, app, runner, state, stats, clock, failures, wire, admin_routes; the models:
 catalog, modelspec, vocab, templates); gpu/ (vgpu, weights, kv_cache, load_cost, exporter); ollama/ (scheduler,

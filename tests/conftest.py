@@ -1,4 +1,11 @@
-"""Shared pytest configuration."""
+"""Shared pytest configuration.
+
+The tests mirror the packages: a unit test of ``gateway/<package>/<module>.py`` is ``tests/<package>/test_<module>.py``
+(of a root module such as ``gateway/streaming.py``, ``tests/test_streaming.py``; of kvsim, ``tests/kvsim/``). The unit
+tests of ``gateway/support`` are in ``tests/gateway_support/``, because ``tests/support/`` holds the tests' own helpers
+(fake backends, clocks, servers), imported everywhere as ``tests.support``. Tests that start kvgate (``create_app``,
+``running_gateway``, ``kvgate serve``) in front of a backend, fake or real, are in ``tests/e2e/``.
+"""
 
 from __future__ import annotations
 

@@ -30,9 +30,8 @@ def test_planner_rows_and_table() -> None:
     assert table.rstrip().endswith(("PASS", "FAIL"))
 
 
-def test_cli_json_planner_only(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(admission, "run_planner", lambda *_: run_planner(200, 40))
-    assert admission.main(["--quick", "--json", "--planner-only"]) == 0
+def test_cli_json_planner_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert admission.main(["--quick", "--json", "--planner-only"], planner=lambda *_: run_planner(200, 40)) == 0
     report = json.loads(capsys.readouterr().out)
     planner = report["planner"]
     assert planner["target_median_us"] == 50.0 and isinstance(planner["target_met"], bool)

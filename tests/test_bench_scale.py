@@ -1,7 +1,7 @@
 """Smoke test of ``bench.scale --quick``: 8 simulated llama-servers behind 3 kvgate replicas sharing one ledger in a
 real redis-server, a day in 5 s: no request meets "Context size has been exceeded.", every one is answered or
 refused, and the added latency is measured. (The comparison with three in-process ledgers is the full run's, and
-tests/shared/test_replicas.py's.) Skipped without redis-server (except on CI, ``CI=true``, where it fails)."""
+tests/admission/shared/test_replicas.py's.) Skipped without redis-server (except on CI, ``CI=true``, where it fails)."""
 
 from __future__ import annotations
 

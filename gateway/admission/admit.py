@@ -8,7 +8,6 @@ The permit travels with the response and is released exactly once, when the resp
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -17,12 +16,10 @@ from typing import Any
 from gateway import dialects
 from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, Rewrites, WaitingRoom
 from gateway.admission.kv_pools import PoolDirectory
-from gateway.admission.outcome import AdmissionOutcome, Admitted, Reserved, SummaryNote, Trim
+from gateway.admission.outcome import AdmissionOutcome, Granted, Reserved, SummaryNote, Trim
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
 from gateway.admission.sequence_rules import completions_run, ignored_n_note
 from gateway.admission.tenant_keys import Tenant, tenant_policy
-from gateway.backends import Backend
-from gateway.backends.prober import ProbeError
 from gateway.config.settings import AdmissionSettings
 from gateway.domain import NO_OUTPUT_OPERATIONS, BackendKind, Operation, ParsedRequest
 from gateway.errors import BadRequest
@@ -32,8 +29,7 @@ from gateway.fitting.policy import FitPolicy
 from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.fitting.summaries import Summaries
 from gateway.fitting.summary_fit import SummaryFailed
-from gateway.loads.gate import Claim, LoadGate
-from gateway.loads.preview import LoadPreview
+from gateway.loads.gate import LoadGate
 from gateway.tokens import TokenCount
 
 log = logging.getLogger(__name__)
@@ -81,12 +77,12 @@ class _Fitted:
     summary: SummaryNote | None = None
 
 
-def _tenant_capped(parsed: ParsedRequest, raw: bytes, cap: int | None, outcome: AdmissionOutcome) -> Admitted:
+def _tenant_capped(parsed: ParsedRequest, raw: bytes, cap: int | None, outcome: AdmissionOutcome) -> Granted:
     """Without a pool to plan against, only the tenant's output cap applies."""
     body, changes = apply_rewrites(parsed, Rewrites(max_output_tokens=cap))
     if body is None:
-        return Admitted(raw, outcome)
-    return Admitted(encode_body(body), replace(outcome, rewrites=tuple(changes)))
+        return Granted(raw, outcome)
+    return Granted(encode_body(body), replace(outcome, rewrites=tuple(changes)))
 
 
 def _check_prompt_cap(tenant: Tenant, count: TokenCount) -> str | None:
@@ -139,6 +135,19 @@ def _output_cap(parsed: ParsedRequest, tenant: Tenant) -> tuple[int | None, bool
     return limit, False
 
 
+@dataclass(frozen=True, slots=True)
+class AdmitAsk:
+    """One request, as the admission step asks the admitter to admit it."""
+
+    parsed: ParsedRequest
+    raw: bytes
+    count: TokenCount
+    tenant: Tenant
+    fit: FitPolicy | None = None
+    """What a request too long for its context may have done to it; None: ``admission.on_too_long``."""
+    deadline: tuple[float, str] | None = None
+
+
 class Admitter:
     def __init__(
         self, config: AdmissionSettings, pools: PoolDirectory, room: WaitingRoom, loads: LoadGate | None = None,
@@ -158,100 +167,21 @@ class Admitter:
         self._default_fit = replace(DEFAULT_FIT, remedies=("trim", "refuse") if config.on_too_long == "trim"
                                     else ("refuse",))
 
-    async def pool_for(self, backend: Backend, model: str | None) -> PoolSpec | None:
-        """The pool a KV-allocating request lands in; None when admission is off or the backend is forwarded
-        without it. Raises BackendNotReady (503) rather than answer None for a backend it can't probe now."""
-        if not self._config.enabled:
-            return None
-        return await self._pools.pool_for(backend, model)
-
-    def known_pools(self) -> dict[tuple[str, str], PoolSpec]:
-        """Every pool probed so far, by (backend, model as the backend names it; "" for servers of one pool)."""
-        return self._pools.known()
-
-    async def load_preview(self, backend: Backend, model: str) -> LoadPreview:
-        """What loading ``model`` on ``backend`` would take now, for routing (``LoadGate.preview``: nothing is
-        locked, claimed or loaded)."""
-        if self._loads is None:
-            return LoadPreview.unknown("no load gate")
-        return await self._loads.preview(backend, model)
-
-    def expected_load_s(self, backend: Backend, model: str) -> tuple[float, str] | None:
-        """How long loading ``model`` on ``backend`` is expected to take, learned from the loads kvgate saw (None:
-        none yet); for routing."""
-        return self._pools.expected_load_s(backend, model)
-
-    def learned_parallel(self, backend: Backend) -> int | None:
-        """The slots a model not probed yet on ``backend`` runs with: configured, else as last inferred there."""
-        return backend.settings.parallel or self._pools.slots.learned_parallel(backend.name)
-
-    def resident(self, backend: Backend, model: str) -> bool | None:
-        """Whether the last /api/ps kvgate read from the (Ollama) backend listed ``model``; None when unknown."""
-        return None if self._loads is None else self._loads.resident(backend.name, model)
-
-    def claim(self, backend: Backend, pool: PoolSpec | None) -> Claim | NoClaim:
-        """Hold the pool's model resident while the request runs (released once, when the response ends)."""
-        if pool is None or self._loads is None or not pool.model or not self._loads.applies(backend):
-            return NO_CLAIM
-        return self._loads.claim(backend.name, pool.model)
-
     @property
-    def loads(self) -> LoadGate | None:
-        return self._loads
-
-    def gates_loads(self, backend: Backend) -> bool:
-        """Whether kvgate admits the loads of ``backend`` (an out-of-memory after it did is then kvgate's to
-        answer, loads/oom.py; with residency off, the backend's own answer comes back)."""
-        return self._loads is not None and self._loads.applies(backend)
-
-    def load_lock(self, backend: Backend) -> contextlib.AbstractAsyncContextManager[object]:
-        """Held while kvgate decides, unloads and loads on ``backend`` (a client's unload request waits for it)."""
-        return self._loads.lock(backend) if self._loads is not None else contextlib.nullcontext()
-
-    async def hold_model(self, backend: Backend, model: str | None) -> Claim | NoClaim:
-        """For a request that reserves no KV (an embedding on Ollama, ``sequence_rules``): its model loaded through
-        the GPU check when it is not resident (``LoadGate.ensure_loaded``), then held resident while it runs."""
-        if not self._config.enabled or self._loads is None or not model or not self._loads.applies(backend):
-            return NO_CLAIM  # admission off: loads are not gated for a chat either (pool_for is not asked)
-        try:
-            await self._loads.ensure_loaded(backend, model)
-        except ProbeError as exc:  # /api/ps can't be read: the request goes on, and meets the backend's own answer
-            log.warning("could not check whether model %r is loaded on %s: %s", model, backend.describe(), exc)
-        return self._loads.claim(backend.name, model)
-
-    async def pool_at_default(self, backend: Backend, pool: PoolSpec) -> PoolSpec:
-        """The pool a request at Ollama's own default context (/v1) lands in: a model kvgate lowered is reloaded at
-        the default first, through the GPU check (``PoolDirectory.before_default_request``)."""
-        return await self._pools.before_default_request(backend, pool)
-
-    def model_may_have_reloaded(self, backend: Backend, model: str | None, *, at_default: bool = False) -> None:
-        """After a request that may have (re)loaded a model at another context (``at_default``: at Ollama's own
-        default, as /v1 requests do), its layout is read anew."""
-        if not model:
-            return
-        if at_default:
-            self._pools.after_default_load(backend, model)
-        else:
-            self._pools.mark_stale(backend, model)
+    def enabled(self) -> bool:
+        """Whether admission is on (``admission.enabled``, as last configured)."""
+        return bool(self._config.enabled)
 
     async def admit(
-        self,
-        parsed: ParsedRequest,
-        raw: bytes,
-        pool: PoolSpec | None,
-        count: TokenCount,
-        tenant: Tenant,
-        is_disconnected: Callable[[], bool],
-        recount: Recount,
-        fit: FitPolicy | None = None,
-        deadline: tuple[float, str] | None = None,
-    ) -> Admitted:
-        """Reserve the request's sequences in ``pool`` (waiting if it must) and rewrite its body as planned; a
-        request too long for the context meets ``fit``'s remedies (default: trim, then refuse). ``deadline`` (seconds,
-        and the header that set it) shortens how long it may wait in the queue.
+        self, ask: AdmitAsk, pool: PoolSpec | None, is_disconnected: Callable[[], bool], recount: Recount,
+    ) -> Granted:
+        """Reserve the request's sequences in ``pool`` (waiting if it must, until ``is_disconnected``) and rewrite its
+        body as planned; a request too long for the context meets the ask's fitting policy (default: trim, then
+        refuse). The ask's deadline (seconds, and the header that set it) shortens how long it may wait in the queue.
 
         Nothing is refused on an estimate: a prompt that looks too long (for the tenant's cap or the context) is
         counted for real first (``recount`` waits for a tokenizer still loading)."""
+        parsed, raw, count, tenant, fit, deadline = ask.parsed, ask.raw, ask.count, ask.tenant, ask.fit, ask.deadline
         outcome = AdmissionOutcome(count)
         cap = tenant.max_prompt_tokens
         if cap is not None and _longest(count) > cap and not count.exact:
@@ -294,7 +224,7 @@ class Admitter:
             context_lowered=None if lowered is None else (lowered.asked_tokens, lowered.loaded_tokens),
             offload=self._pools.offload_for(pool),
         )
-        return Admitted(forwarded, outcome, permit)
+        return Granted(forwarded, outcome, permit)
 
     async def _acquire_fitting(
         self, parsed: ParsedRequest, pool: PoolSpec, cost: RequestCost, policy: Policy,

@@ -6,16 +6,25 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import Protocol
 
 from gateway.admission.rate_charge import RateCharge, settlement, upfront
 from gateway.admission.shared.shared_rates import TenantRates
 from gateway.admission.tenant_keys import Tenant
 from gateway.domain import NO_OUTPUT_OPERATIONS, ParsedRequest
 from gateway.errors import BadRequest, RateLimited
-from gateway.observability.usage import UsageObserver
 from gateway.tokens import TokenCount
 
 log = logging.getLogger(__name__)
+
+
+class ReportedUsage(Protocol):
+    """What the response said of its own size, read once it has ended (``observability.usage.UsageObserver`` is
+    one; admission sits below observability, so it names only what it reads)."""
+
+    streamed_chunks: int
+
+    def output_tokens(self) -> int | None: ...
 
 
 def reserved_output(parsed: ParsedRequest, tenant: Tenant, default_output_tokens: int) -> int:
@@ -44,7 +53,7 @@ async def take_rate(rates: TenantRates, tenant: Tenant, count: TokenCount | None
                       retry_after_s=max(1.0, math.ceil(refused.retry_after_s)))
 
 
-async def settle_rate(rates: TenantRates, charge: RateCharge | None, usage: UsageObserver | None,
+async def settle_rate(rates: TenantRates, charge: RateCharge | None, usage: ReportedUsage | None,
                       status: int) -> None:
     """Charge what the request really generated, giving back the unused part of what was taken up front."""
     if charge is None or not charge.counts_tokens:

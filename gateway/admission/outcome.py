@@ -1,6 +1,6 @@
 """What the admission step did to one request, as data, and the small pure renderers that show it.
 
-    Admitter.admit(...) -> Admitted(body, outcome, permit)
+    Admitter.admit(...) -> Granted(body, outcome, permit)
                                       |
               +-----------------------+-------------------------+
               v                       v                         v
@@ -147,7 +147,7 @@ class AdmissionOutcome:
 
 
 @dataclass(slots=True)
-class Admitted:
+class Granted:
     """A request the admission step let through: the body to forward (rewritten, or the client's own bytes), what
     happened, and the permit holding its reservation (None without a pool), released exactly once."""
 

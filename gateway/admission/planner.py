@@ -109,9 +109,9 @@ from gateway.admission.types import (
     PoolSpec,
     Reject,
     RequestCost,
-    Rewrites,
     Wait,
 )
+from gateway.domain import Rewrites
 from gateway.runtimes import runtime_for
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
@@ -131,7 +131,7 @@ def plan(cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Po
     sequences = held_sequences(cost, pool)
     running = sorted(prompts, reverse=True)[: sequences // cost.sequences]
     together = _together_room(cost, pool, running, sequences)
-    output = _fit_output(cost, pool, policy, prompt_tokens, context.tokens, share_tokens, sequences, together)
+    output = _fit_output(cost, pool, policy, _Sizes(prompt_tokens, context.tokens, share_tokens, sequences, together))
     if isinstance(output, Reject):
         return output
     # at most the context per sequence: an estimate's prompt + floor may exceed it, a count's never does (rule 3)
@@ -218,14 +218,26 @@ def _together_room(cost: RequestCost, pool: PoolSpec, running: list[int], sequen
     return (pool.pool_tokens - sum(running) * cost.sequences) // sequences
 
 
-def _fit_output(
-    cost: RequestCost, pool: PoolSpec, policy: Policy, prompt_tokens: int, context_tokens: int,
-    share_tokens: int | None, sequences: int, together: int | None,
-) -> _Fit | Reject:
-    """The output every sequence may generate; ``prompt_tokens`` is the (longest) prompt's, ``sequences`` how many
-    the request holds at once, ``together`` what each may have for all of them to fit a unified pool at once (a
-    limit kvgate chooses, or a clamp, stays within it; below 1 token, or without ``clamp_output``, rule 4 refuses)."""
-    fit = _fit_alone(cost, pool, policy, prompt_tokens, context_tokens, share_tokens, sequences)
+@dataclass(frozen=True, slots=True)
+class _Sizes:
+    """The sizes the output is fitted to, in tokens."""
+
+    prompt_tokens: int
+    """The (longest) prompt's."""
+    context_tokens: int
+    share_tokens: int | None
+    """The tenant's share of the pool (None: no share set)."""
+    sequences: int
+    """How many sequences the request holds at once."""
+    together: int | None
+    """What each may have for all of them to fit a unified pool at once."""
+
+
+def _fit_output(cost: RequestCost, pool: PoolSpec, policy: Policy, sizes: _Sizes) -> _Fit | Reject:
+    """The output every sequence may generate: a limit kvgate chooses, or a clamp, stays within what all of them
+    may have together (below 1 token, or without ``clamp_output``, rule 4 refuses)."""
+    sequences, together = sizes.sequences, sizes.together
+    fit = _fit_alone(cost, pool, policy, sizes)
     asked = cost.max_output_tokens
     if isinstance(fit, Reject) or together is None or not 1 <= together < fit.tokens:
         return fit
@@ -239,11 +251,10 @@ def _fit_output(
     return _Fit(together, together, (f"max output {asked:,} tokens requested; {fits}; clamped to {together:,}",))
 
 
-def _fit_alone(
-    cost: RequestCost, pool: PoolSpec, policy: Policy, prompt_tokens: int, context_tokens: int,
-    share_tokens: int | None, sequences: int,
-) -> _Fit | Reject:
+def _fit_alone(cost: RequestCost, pool: PoolSpec, policy: Policy, sizes: _Sizes) -> _Fit | Reject:
     """The output one sequence may generate in its context (rule 3)."""
+    prompt_tokens, context_tokens, share_tokens, sequences = (sizes.prompt_tokens, sizes.context_tokens,
+                                                              sizes.share_tokens, sizes.sequences)
     room_tokens = context_tokens - prompt_tokens
     asked = cost.max_output_tokens
     if not cost.prompt_exact:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from gateway.admission.keyless import keyless_tenant
@@ -74,7 +74,11 @@ def _tenant(name: str, config: TenantSettings | None) -> Tenant:
 
 
 class TenantDirectory:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self, settings: Settings, *, compare_digest: Callable[[bytes, bytes], bool] = hmac.compare_digest
+    ) -> None:
+        """``compare_digest`` compares two digests in constant time (a test records the comparisons)."""
+        self._compare_digest = compare_digest
         self._required = settings.server.require_api_key
         self._digests: list[tuple[bytes, Tenant]] = []
         for name, config in settings.tenants.items():
@@ -106,7 +110,7 @@ class TenantDirectory:
             usable = _printable_ascii(given)
             digest = hashlib.sha256(given.encode() if usable else b"").digest()
             for configured, tenant in self._digests:  # no early exit: every digest is compared
-                if hmac.compare_digest(digest, configured) and usable:
+                if self._compare_digest(digest, configured) and usable:
                     found = tenant
         if found is not None:
             return found

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
-from gateway.domain import BackendKind
+from gateway.domain import BackendKind, Rewrites
 
 
 class PoolKey(NamedTuple):
@@ -218,23 +218,12 @@ class LedgerSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
-class Rewrites:
-    """Fields the proxy must rewrite in the body before forwarding; None leaves the field as the client sent it."""
-
-    num_ctx: int | None = None
-    max_output_tokens: int | None = None
-
-    def __bool__(self) -> bool:
-        return self.num_ctx is not None or self.max_output_tokens is not None
-
-
-@dataclass(frozen=True, slots=True)
 class Admit:
     """Forward now, holding ``reserve_tokens`` of the pool for ``sequences`` sequences; apply ``rewrites``; ``notes``
     say why, for operators."""
 
     reserve_tokens: int
-    rewrites: Rewrites = Rewrites()
+    rewrites: Rewrites = field(default_factory=Rewrites)
     notes: tuple[str, ...] = ()
     sequences: int = 1
 

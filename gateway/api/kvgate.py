@@ -23,7 +23,7 @@ from gateway.edge.body.budget import BodyBudget
 from gateway.edge.body.json_bound import decode_bounded
 from gateway.edge.body.reader import read_body
 from gateway.edge.routes import ROUTES
-from gateway.errors import BackendUnavailable, BadRequest
+from gateway.errors import BackendUnavailable, BadRequest, MethodNotAllowed, NotFound
 from gateway.loads.residency import (
     calibration_for,
     plan_unload,
@@ -344,19 +344,14 @@ def _gpu_cell(gpu: dict[str, Any], column: str) -> Any:
 
 
 async def unknown_kvgate_route(request: web.Request) -> web.Response:
-    """``/kvgate/...`` is kvgate's own namespace: a path or method it does not serve is answered here (404, or 405
-    with ``Allow``), never forwarded to a backend."""
+    """``/kvgate/...`` is kvgate's own namespace: a path or method it does not serve is refused here (404, or 405
+    with ``Allow``; rendered by the error boundary), never forwarded to a backend."""
     allowed = sorted({route.method for resource in request.app.router.resources()
                       if resource.get_info().get("path") == request.path for route in resource
                       if route.method != "HEAD"})
     if allowed:
-        return web.json_response(
-            {"error": {"message": f"{request.method} is not allowed on {request.path}; use {', '.join(allowed)}",
-                       "type": "invalid_request_error", "param": None, "code": "method_not_allowed"}},
-            status=405, headers={"Allow": ", ".join(allowed)})
-    return web.json_response(
-        {"error": {"message": f"kvgate has no route {request.path[:200]!r}; its own routes are /kvgate/ (the status "
-                              "page), /kvgate/status, /kvgate/metrics, /kvgate/health, /kvgate/fit, /kvgate/count, "
-                              "/kvgate/tenants and /kvgate/reload",
-                   "type": "invalid_request_error", "param": None, "code": "not_found"}},
-        status=404)
+        raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}; use {', '.join(allowed)}",
+                               tuple(allowed))
+    raise NotFound(f"kvgate has no route {request.path[:200]!r}; its own routes are /kvgate/ (the status page), "
+                   "/kvgate/status, /kvgate/metrics, /kvgate/health, /kvgate/fit, /kvgate/count, /kvgate/tenants and "
+                   "/kvgate/reload")

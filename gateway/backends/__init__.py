@@ -1,4 +1,5 @@
-"""The servers behind the gateway: which models each serves, and where a request goes."""
+"""The servers behind the gateway: which models each serves, and where a request goes; the one HTTP call they share
+(client.py), which the exporter VRAM source reads its URL with too (vram_exporter.py)."""
 
 from typing import TYPE_CHECKING
 

@@ -16,13 +16,13 @@ from gateway.backends import Backend
 from gateway.backends.client import same_model
 from gateway.backends.load_times import LoadTimes, reported_load_s
 from gateway.backends.prober import LlamaServerProber, OllamaProber, ProbeError
+from gateway.backends.vram_exporter import ExporterSource
 from gateway.memory.presets import find_preset, preset_profile
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.gguf_file import profile_from_gguf
 from gateway.memory.sources.llamacpp import ServerProps
 from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import CachedVramSource, StaticVramSource, VramReading, VramSource
-from gateway.memory.vram_exporter import ExporterSource
 from gateway.memory.vram_nvml import nvml_source
 
 

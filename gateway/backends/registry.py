@@ -17,7 +17,7 @@ from gateway.backends.runtime_port import BackendRuntime
 from gateway.config.settings import BackendSettings, Settings
 from gateway.domain import BackendKind
 from gateway.errors import InvalidField, ModelNotFound
-from gateway.observability.logs import sanitize
+from gateway.support.safe_text import sanitize
 from gateway.support.single_flight import SingleFlight
 
 log = logging.getLogger(__name__)

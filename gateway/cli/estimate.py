@@ -20,6 +20,7 @@ import orjson
 
 from gateway.backends.client import BackendClient
 from gateway.backends.prober import ProbeError, detect_backend
+from gateway.backends.vram_exporter import ExporterSource
 from gateway.loads.residency import (
     Residency,
     calibration_for,
@@ -38,7 +39,6 @@ from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.gguf_file import profile_from_gguf
 from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import StaticVramSource, VramReading, VramUnavailable, parse_size
-from gateway.memory.vram_exporter import ExporterSource
 from gateway.memory.vram_nvml import nvml_source
 from gateway.runtimes import runtime_for
 

@@ -4,7 +4,7 @@ and description, as a Markdown table rendered from the models themselves (so a n
     python -m gateway.config.reference                    print the table
     python -m gateway.config.reference --write README.md  replace the table between the README's markers
 
-tests/gateway/test_settings_doc.py fails while the README's table differs from what this renders.
+tests/config/test_reference.py fails while the README's table differs from what this renders.
 """
 
 from __future__ import annotations

@@ -51,11 +51,10 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from gateway.admission.tenant_keys import TenantDirectory
 from gateway.config.reload_guard import ALLOW_SETTING, refusal_message, security_drops
 from gateway.config.settings import ConfigError, Settings
 from gateway.errors import InvalidConfig
@@ -72,6 +71,8 @@ RESTART_FITTING = ("summary_cache_entries",)
 SettingsSource = Callable[[], Settings]
 Listener = Callable[[Settings], None]
 _Model = TypeVar("_Model", bound=BaseModel)
+Directory = TypeVar("Directory")
+"""The tenant directory's type (``TenantDirectory``: who is asking is admission's, a layer above configuration)."""
 _SETTING = re.compile(r"setting '([^']+)'")
 """How a ``ConfigError`` message names the setting (``config._describe`` and ``load_settings``)."""
 
@@ -98,14 +99,17 @@ class ReloadReport:
     needs_restart: tuple[str, ...]
 
 
-class LiveSettings:
+class LiveSettings(Generic[Directory]):
     """The settings new requests run under and the tenant directory built from them: the one place the request path
     reads them from. A reload replaces both in one step and tells the listeners (no await between: a request sees
-    the old pair or the new, never half of each)."""
+    the old pair or the new, never half of each). ``directory`` builds the tenant directory from settings
+    (``TenantDirectory``: who is asking is admission's, a layer above configuration, so it is passed in: the app
+    holds a ``LiveSettings[TenantDirectory]``)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, directory: Callable[[Settings], Directory]) -> None:
         self.settings = settings
-        self.tenants = TenantDirectory(settings)
+        self._directory = directory
+        self.tenants = directory(settings)
         self.reloaded_at_s: float | None = None
         """Wall-clock time of the last applied reload (None: none since start)."""
         self.needs_restart: tuple[str, ...] = ()
@@ -120,7 +124,7 @@ class LiveSettings:
         self._listeners.append(listener)
 
     def replace(self, settings: Settings, needs_restart: tuple[str, ...] = ()) -> None:
-        tenants = TenantDirectory(settings)
+        tenants = self._directory(settings)
         self.settings, self.tenants, self.needs_restart = settings, tenants, needs_restart
         self.reloaded_at_s = time.time()
         for listener in self._listeners:
@@ -183,7 +187,7 @@ class Reloader:
     told "ok" or "refused" (the metric)."""
 
     def __init__(
-        self, live: LiveSettings, source: SettingsSource | None,
+        self, live: LiveSettings[Any], source: SettingsSource | None,
         on_outcome: Callable[[str], None] = lambda outcome: None,
     ) -> None:
         self._live = live

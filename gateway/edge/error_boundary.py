@@ -42,10 +42,10 @@ async def error_boundary(
     except GatewayError as error:
         return error_response(error, route_dialect(request))
     except web.HTTPMethodNotAllowed as exc:
-        allowed = ", ".join(sorted(exc.allowed_methods))
+        allowed = tuple(sorted(exc.allowed_methods))
         where = safe_text(f"{request.method} {request.raw_path}")
-        return error_response(MethodNotAllowed(f"{where}: method not allowed; allowed: {allowed}"),
-                              route_dialect(request), headers={"Allow": allowed})
+        return error_response(MethodNotAllowed(f"{where}: method not allowed; allowed: {', '.join(allowed)}",
+                                               allowed), route_dialect(request))
     except web.HTTPNotFound:
         return error_response(NotFound(f"{safe_text(request.method + ' ' + request.raw_path)}: no such route"),
                               route_dialect(request))

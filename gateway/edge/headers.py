@@ -1,4 +1,6 @@
-"""Which headers cross the proxy (RFC 9110 section 7.6.1: hop-by-hop headers stop at each hop)."""
+"""The request side of the headers that cross the proxy: Host is the upstream's, the request id kvgate's, a
+backend key is injected and a client's kvgate key never travels on; the request's own deadline. The rules both sides
+share (hop-by-hop headers, the stream media types) are gateway/support/hop_headers.py."""
 
 from __future__ import annotations
 
@@ -7,33 +9,26 @@ from collections.abc import Mapping
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.errors import BadRequest, GatewayError
+from gateway.errors import BadRequest, GatewayError, MethodNotAllowed
+from gateway.support.hop_headers import (
+    HOP_BY_HOP,
+    REQUEST_ID,
+    connection_listed,
+    downstream_response_headers,
+    stream_kind,
+)
 
-KVGATE_PREFIX = "x-kvgate-"
+__all__ = [
+    "DEADLINE_HEADER", "KVGATE_ONLY", "MAX_DEADLINE_S", "MAX_REQUEST_ID_CHARS", "SDK_TIMEOUT_HEADER",
+    "SDK_TIMEOUT_MARGIN", "SDK_TIMEOUT_MARGIN_MAX_S", "downstream_response_headers", "error_headers",
+    "request_deadline", "request_id_for", "stream_kind", "upstream_request_headers",
+]
+"""``downstream_response_headers`` and ``stream_kind`` live in gateway/support/hop_headers.py (layers below the edge
+read them); they are named here too because gateway/streaming.py imports them from this module."""
+
 KVGATE_ONLY = frozenset({"x-kvgate-internal", "x-kvgate-route-backend"})
 """Headers meant for kvgate itself (its own summary requests): never sent on to a backend."""
-HOP_BY_HOP = frozenset(
-    name.lower()
-    for name in (
-        "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
-        "TE", "Trailer", "Transfer-Encoding", "Upgrade",
-    )
-)
-REQUEST_ID = "X-Request-ID"
 MAX_REQUEST_ID_CHARS = 128
-NDJSON = "application/x-ndjson"
-SSE = "text/event-stream"
-
-
-def stream_kind(content_type: str) -> str | None:
-    """``NDJSON``, ``SSE`` or None for a Content-Type header value."""
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media if media in (NDJSON, SSE) else None
-
-
-def _connection_listed(headers: Mapping[str, str]) -> frozenset[str]:
-    listed = headers.get("Connection", "")
-    return frozenset(token.strip().lower() for token in listed.split(",") if token.strip())
 
 
 def upstream_request_headers(
@@ -49,7 +44,7 @@ def upstream_request_headers(
     """End-to-end headers of the client's request, with Host set to the upstream (Ollama checks it). A client's
     key for kvgate itself (``strip_client_keys``) never travels on to the backend. A body kvgate read and decoded
     (``body_decoded``) goes on without its Content-Encoding; one streamed through keeps it, with its bytes."""
-    drop = HOP_BY_HOP | _connection_listed(incoming) | {"host", "content-length", REQUEST_ID.lower()} | KVGATE_ONLY
+    drop = HOP_BY_HOP | connection_listed(incoming) | {"host", "content-length", REQUEST_ID.lower()} | KVGATE_ONLY
     if body_decoded:
         drop |= {"content-encoding"}
     if strip_client_keys:
@@ -62,18 +57,6 @@ def upstream_request_headers(
     if client_ip:
         prior = incoming.get("X-Forwarded-For")
         out["X-Forwarded-For"] = f"{prior}, {client_ip}" if prior else client_ip
-    return out
-
-
-def downstream_response_headers(upstream: CIMultiDictProxy[str], *, request_id: str) -> CIMultiDict[str]:
-    """End-to-end headers of the backend's response, plus the request id. ``X-Kvgate-*`` headers are this kvgate's
-    own account of the request: a backend's (another kvgate behind this one, or a server that forges them) never
-    reach the client, where they would pass for this gateway's decisions."""
-    drop = HOP_BY_HOP | _connection_listed(upstream) | {REQUEST_ID.lower()}
-    out: CIMultiDict[str] = CIMultiDict(
-        (k, v) for k, v in upstream.items() if k.lower() not in drop and not k.lower().startswith(KVGATE_PREFIX)
-    )
-    out[REQUEST_ID] = request_id
     return out
 
 
@@ -124,4 +107,6 @@ def error_headers(error: GatewayError, request_id: str | None = None) -> dict[st
     headers = {} if request_id is None else {REQUEST_ID: request_id}
     if error.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+    if isinstance(error, MethodNotAllowed) and error.allowed:
+        headers["Allow"] = ", ".join(error.allowed)
     return headers

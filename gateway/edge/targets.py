@@ -15,7 +15,7 @@ from aiohttp import web
 from gateway.domain import Dialect
 from gateway.edge.routes import ROUTES, fallback_dialect
 from gateway.errors import BadRequest
-from gateway.observability.logs import sanitize
+from gateway.support.safe_text import sanitize
 
 log = logging.getLogger(__name__)
 

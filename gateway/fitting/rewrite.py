@@ -20,8 +20,7 @@ from typing import Any
 
 import orjson
 
-from gateway.admission import Rewrites
-from gateway.domain import FieldPath, ParsedRequest
+from gateway.domain import FieldPath, ParsedRequest, Rewrites
 from gateway.errors import BadRequest
 
 

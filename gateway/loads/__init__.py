@@ -12,11 +12,14 @@ context, after which unloads; what each GPU holds. The sequence level (does a re
     gpu_reading.py   one backend's GpuBudget read live (VRAM source, resident models, loads in flight)        I/O
     gate.py          LoadGate: the I/O around decide_load (unloads, reservations, the wait, the claim)        I/O
     oom_catch.py     the backend's out-of-memory 500, caught before it reaches the client                      I/O
+    load_requests.py Ollama's load and unload requests (no messages, no prompt) through the load gate        I/O
     (* one read of /proc/meminfo)
 
 Dependencies go one way: ``gateway.admission`` (the admitter, the pool directory) calls the load gate; nothing here
-imports ``gateway.admission``. The one thing the gate reads of the sequence level, kvgate's active sequences on a
-model, comes through the ``ActiveSequences`` protocol (gate.py), which the waiting room satisfies. Below this
-package: ``gateway.memory`` (load cost, VRAM readings, the estimate), ``gateway.backends`` (probes, model names).
+imports ``gateway.admission`` at run time (load_requests.py names the admitter's type only). The one thing the gate
+reads of the sequence level, kvgate's active sequences on a model, comes through the ``ActiveSequences`` protocol
+(gate.py), which the waiting room satisfies. Below this package: ``gateway.memory`` (load cost, VRAM readings, the
+estimate), ``gateway.backends`` (probes, model names), ``gateway.config``, and for load requests ``gateway.dialects``
+and ``gateway.fitting`` (tests/test_layers.py).
 The package has no facade: import the module you need, so the pure modules stay light.
 """

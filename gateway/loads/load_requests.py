@@ -4,7 +4,7 @@ A chat without messages or a generate without a prompt reserves no KV: before is
 backend, so a plain client could load a model beside a foreign process (out of memory), evict what others run on,
 or make Ollama reload a model at another context. Now:
 
-    load request      the model is loaded through the GPU check (``Admitter.pool_for``: the load gate's decision,
+    load request      the model is loaded through the GPU check (the pool: the load gate's decision,
                       unloads and lowered context, or 503 ``gpu_memory_exhausted`` with Retry-After), then the
                       request is forwarded with ``options.num_ctx`` pinned to the loaded context (the backend
                       answers at once, nothing reloads), the model held resident while it runs
@@ -13,22 +13,22 @@ or make Ollama reload a model at another context. Now:
                       decision and load
 
 Without admission, or on a backend with no pool to read, it is forwarded as before.
+
+This module tells a load request from others and takes a client's keep_alive off; the load itself goes through
+the admission step (``AdmissionStep.load`` and ``AdmissionStep.unloading``, gateway/admission/step.py), like every
+other call the proxy makes into admission.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-
-from aiohttp import web
+from collections.abc import Mapping
 
 from gateway import dialects
-from gateway.admission.admit import Admitter
-from gateway.admission.types import Rewrites
 from gateway.backends import Backend
 from gateway.config.settings import Settings
 from gateway.domain import KV_OPERATIONS, Dialect, ParsedRequest
-from gateway.fitting.rewrite import apply_rewrites, encode_body
-from gateway.loads.keep_alive import HEADER, carries_admin_key, client_keep_alive, unloads
+from gateway.fitting.rewrite import encode_body
+from gateway.loads.keep_alive import HEADER, carries_admin_key, client_keep_alive
 
 
 def keep_alive_of(headers: Mapping[str, str], path: str, raw: bytes, parsed: ParsedRequest, settings: Settings,
@@ -45,30 +45,7 @@ def keep_alive_of(headers: Mapping[str, str], path: str, raw: bytes, parsed: Par
     return encode_body(verdict.body), changed, {HEADER: verdict.note}
 
 
-Forward = Callable[[bytes], Awaitable[web.StreamResponse]]
-
-
 def is_load_request(parsed: ParsedRequest, backend: Backend) -> bool:
     """An Ollama chat or generate that runs nothing: it loads (or, with keep_alive 0, unloads) the model."""
     return (backend.runtime.empty_request_loads and parsed.operation in KV_OPERATIONS and not parsed.allocates_kv
             and bool(parsed.model))
-
-
-async def serve_load_request(admitter: Admitter, backend: Backend, model: str | None, parsed: ParsedRequest,
-                             raw: bytes, forward: Forward, *, pin_num_ctx: bool) -> web.StreamResponse:
-    """Forward a load or unload request through the load gate (module docstring)."""
-    try:
-        if unloads(parsed.body):
-            async with admitter.load_lock(backend):
-                return await forward(raw)
-        pool = await admitter.pool_for(backend, model)  # loads through the GPU check; 503 when it can't
-        claim = admitter.claim(backend, pool)
-        try:
-            body = None
-            if pool is not None and pin_num_ctx and parsed.num_ctx_field is not None:
-                body, _ = apply_rewrites(parsed, Rewrites(num_ctx=pool.slot_ctx_tokens))
-            return await forward(raw if body is None else encode_body(body))
-        finally:
-            claim.release()
-    finally:
-        admitter.model_may_have_reloaded(backend, parsed.model)

@@ -6,8 +6,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway.edge.headers import downstream_response_headers
 from gateway.loads.oom import MAX_ERROR_BYTES, GpuOutOfMemory, names_gpu_oom
+from gateway.support.hop_headers import downstream_response_headers
 
 
 def _words(raw: bytes) -> str:

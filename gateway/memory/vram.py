@@ -2,7 +2,8 @@
 
     VramSource.read() -> VramReading        one async method; raises VramUnavailable when it cannot read
       NvmlSource        (vram_nvml)         the local driver through pynvml; per-process usage with names
-      ExporterSource    (vram_exporter)     a Prometheus exporter URL (dcgm-exporter, nvidia_gpu_exporter)
+      ExporterSource    (backends/          a Prometheus exporter URL (dcgm-exporter, nvidia_gpu_exporter), read
+                         vram_exporter)      with the backends' HTTP client
       StaticVramSource  (here)              a configured size such as "24GiB"
       CachedVramSource  (here)              re-reads at most every refresh_s; readings carry their age
 

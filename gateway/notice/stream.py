@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
-from gateway.edge.headers import NDJSON, SSE
 from gateway.notice.shapes import Shape, add_to_part
+from gateway.support.hop_headers import NDJSON, SSE
 
 _NDJSON_SHAPES = (Shape.OLLAMA_CHAT, Shape.OLLAMA_GENERATE)
 MAX_EVENT_BYTES = 1 << 20

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gateway.admission.exchange import Exchange
 from gateway.admission.outcome import AdmissionDecision, AdmissionOutcome
 from gateway.support.safe_text import safe_text
 
@@ -75,10 +76,12 @@ class DecisionLog:
         self._recent: deque[DecisionEvent] = deque(maxlen=keep)
         self._wall_clock = wall_clock
 
-    def add(
-        self, *, request_id: str, tenant: str, backend: str, model: str, status: int,
-        outcome: AdmissionOutcome | None, refusal: str | None = None, error: str | None = None,
-    ) -> DecisionEvent | None:
+    def add(self, exchange: Exchange) -> DecisionEvent | None:
+        """Keep the decision of a request that ended (none for one admission had nothing to say about)."""
+        outcome, refusal, error = exchange.outcome, exchange.refusal, exchange.error or None
+        request_id, tenant, backend, status = (exchange.facts.request_id, exchange.tenant_label,
+                                               exchange.backend_name, exchange.status)
+        model = "-" if exchange.model is None else exchange.model
         described = describe(outcome, refusal, error)
         if described is None:
             return None

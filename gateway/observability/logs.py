@@ -25,16 +25,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("kvgate_request_id", default="-")
 
-MAX_LOGGED_CHARS = 128
 TRACEBACK_INDENT = "  | "
-
-
-def sanitize(text: str, max_chars: int = MAX_LOGGED_CHARS) -> str:
-    """A client-given string made safe for one log line: printable ASCII only (no newlines to forge lines, no
-    terminal escapes), cut to ``max_chars``."""
-    cut = text[:max_chars]
-    clean = "".join(c if c.isascii() and c.isprintable() else "?" for c in cut)
-    return clean + ("..." if len(text) > max_chars else "")
 
 
 _UNSAFE = re.compile(

@@ -58,6 +58,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.admission import PoolKey, PoolSpec, WaitingRoom
+from gateway.admission.exchange import Exchange
 from gateway.admission.outcome import AdmissionOutcome
 from gateway.fitting.summaries import Summaries
 from gateway.fitting.summary_fit import SUMMARY_FAILURES
@@ -268,22 +269,21 @@ def record_truncation(
                                reported_tokens=reported_tokens, counter=counter)
 
 
-def record(
-    metrics: Metrics, route: str, status: int, elapsed_s: float, *, backend: str, tenant: str,
-    outcome: AdmissionOutcome | None, output_tokens: int | None = None, refusal: str | None = None,
-    pool: PoolKey | None = None, summary_failure: str | None = None,
-) -> None:
-    """Count one answered request, once; ``backend`` is the backend's name ("-" when none was chosen), ``outcome``
-    what admission did (None for a request that went through no admission), ``output_tokens`` what the backend
-    reported, ``refusal`` why kvgate refused it (``tenant_usage.refusal_reason``), ``pool`` the pool it was planned
-    in, ``summary_failure`` the reason of a summary that failed before a refusal. Every count of decisions and
-    refusals (these metrics, the status page's) comes from here (``observability/outcomes.py``)."""
+def record(metrics: Metrics, exchange: Exchange, elapsed_s: float) -> None:
+    """Count one answered request, once, from its exchange: the backend's name ("-" when none was chosen), what
+    admission did (no outcome: the request went through no admission), the output the backend reported, why kvgate
+    refused it (``tenant_usage.refusal_reason``), the pool it was planned in, and the reason of a summary that
+    failed before a refusal. Every count of decisions and refusals (these metrics, the status page's) comes from
+    here (``observability/outcomes.py``)."""
+    route, status, backend, tenant = exchange.facts.route_label, exchange.status, exchange.backend_name, \
+        exchange.tenant_label
+    outcome, refusal, pool = exchange.outcome, exchange.refusal, exchange.pool
     child = metrics.child
     child(metrics.requests, route, backend, str(status)).inc()
     child(metrics.tenant_requests, tenant, str(status)).inc()
     child(metrics.duration, route).observe(elapsed_s)
-    _record_tenant(metrics, tenant, status, outcome, output_tokens, refusal)
-    decisions = request_decisions(outcome, refusal, summary_failure)
+    _record_tenant(metrics, tenant, status, outcome, exchange.output_tokens, refusal)
+    decisions = request_decisions(outcome, refusal, exchange.summary_failure)
     metrics.outcomes.add(pool if pool is not None else outcome.reserved.pool if outcome and outcome.reserved
                          else None, decisions, refusal)
     for decision in decisions:

@@ -6,17 +6,19 @@ from it (``PromptCounter.calibrate``)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from gateway.admission.outcome import AdmissionOutcome
 from gateway.backends import Backend
 from gateway.config.reload import LiveSettings
 from gateway.domain import NO_OUTPUT_OPERATIONS, BackendKind, Operation, ParsedRequest
 from gateway.observability import truncation
-from gateway.observability.logs import ClientText, request_id_var, sanitize
+from gateway.observability.logs import ClientText, request_id_var
 from gateway.observability.metrics import Metrics, record_truncation
 from gateway.observability.truncations import model_label
 from gateway.observability.usage import UsageObserver
+from gateway.support.safe_text import sanitize
 from gateway.tokens import TokenCount
 from gateway.tokens.prompt_counter import ESTIMATE_COUNTER, PromptCounter
 
@@ -33,7 +35,7 @@ def usage_counts_prompt(parsed: ParsedRequest, count: TokenCount | None) -> bool
 
 
 class ReplyChecks:
-    def __init__(self, live: LiveSettings, counter: PromptCounter, metrics: Metrics) -> None:
+    def __init__(self, live: LiveSettings[Any], counter: PromptCounter, metrics: Metrics) -> None:
         self._live = live
         self._counter = counter
         self._metrics = metrics
@@ -79,15 +81,23 @@ class ReplyChecks:
                           counted_tokens=found.counted_tokens, reported_tokens=found.reported_tokens,
                           counter=found.counter)
 
-    def truncation_header(
-        self, observer: UsageObserver, forwarded: TokenCount, status: int, sent: Mapping[str, str]
-    ) -> dict[str, str]:
-        """For a reply held whole before its headers go out: name a silent truncation in a header."""
-        if status != 200:
-            return {}
-        found = truncation.detect(forwarded.tokens, observer.prompt_tokens(), exact=forwarded.exact,
-                                  estimate_margin=self._live.settings.counting.estimate_safety_margin,
-                                  counter=forwarded.counter)
-        if found is None or found.counter == ESTIMATE_COUNTER:  # an estimate is checked by a recount, later
-            return {}
-        return {truncation.TRUNCATED_HEADER: found.describe()}
+
+@dataclass(frozen=True, slots=True)
+class TruncationCheck:
+    """What a reply held whole is checked against: the prompt kvgate forwarded, as counted."""
+
+    forwarded: TokenCount
+    estimate_margin: float
+    """``counting.estimate_safety_margin``."""
+
+
+def truncation_header(observer: UsageObserver, check: TruncationCheck, status: int) -> dict[str, str]:
+    """For a reply held whole before its headers go out: name a silent truncation in a header."""
+    if status != 200:
+        return {}
+    forwarded = check.forwarded
+    found = truncation.detect(forwarded.tokens, observer.prompt_tokens(), exact=forwarded.exact,
+                              estimate_margin=check.estimate_margin, counter=forwarded.counter)
+    if found is None or found.counter == ESTIMATE_COUNTER:  # an estimate is checked by a recount, later
+        return {}
+    return {truncation.TRUNCATED_HEADER: found.describe()}

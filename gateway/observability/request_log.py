@@ -20,33 +20,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.admission.outcome import AdmissionOutcome, decision_labels, log_fields
+from gateway.admission.exchange import Exchange
+from gateway.admission.outcome import decision_labels, log_fields
 from gateway.domain import ParsedRequest
-from gateway.observability.logs import sanitize
-from gateway.tokens import TokenCount
+from gateway.support.safe_text import sanitize
 
 CONTENT_CHARS = 200
 """How much of a message ``server.log_contents`` logs."""
 
 
-def request_fields(
-    *, status: int, backend: str, model: str | None, outcome: AdmissionOutcome | None, count: TokenCount | None,
-    refusal: str | None, content: str | None = None,
-) -> dict[str, object]:
-    """The fields of a request's log line (see the module docstring); ``count``: the prompt's count when admission
-    did not finish (a refusal), ``content``: only when ``server.log_contents`` is on."""
-    fields: dict[str, object] = {"status": status, "backend": backend, "model": sanitize(model) if model else "-"}
+def request_fields(exchange: Exchange) -> dict[str, object]:
+    """The fields of a request's log line (see the module docstring): the prompt's count when admission did not
+    finish (a refusal), ``content`` only when ``server.log_contents`` is on."""
+    model, outcome, count = exchange.model_label, exchange.outcome, exchange.count
+    fields: dict[str, object] = {"status": exchange.status, "backend": exchange.backend_name,
+                                 "model": sanitize(model) if model else "-"}
     if outcome is not None:
         fields.update(log_fields(outcome))
         fields["actions"] = list(decision_labels(outcome))
     else:
         if count is not None:
             fields.update(prompt_tokens=count.tokens, counter=count.counter, exact=count.exact)
-        fields["decision"] = "refused" if refusal else ("error" if status >= 400 else "forwarded")
-    if refusal:
-        fields["reason"] = refusal
-    if content is not None:
-        fields["content"] = content
+        fields["decision"] = "refused" if exchange.refusal else ("error" if exchange.status >= 400 else "forwarded")
+    if exchange.refusal:
+        fields["reason"] = exchange.refusal
+    if exchange.content is not None:
+        fields["content"] = exchange.content
     return fields
 
 

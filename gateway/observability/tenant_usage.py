@@ -20,10 +20,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gateway.admission.exchange import UNIDENTIFIED as UNIDENTIFIED_TENANT
 from gateway.admission.rejections import CLIENT_CLOSED, AdmissionRejected
 from gateway.errors import BadRequest, GatewayError, LoadRefused, RateLimited, ServerBusy
 
-UNIDENTIFIED = "-"
+UNIDENTIFIED = UNIDENTIFIED_TENANT
 """The tenant label of a request refused before its tenant was known (a bad key)."""
 MAX_PROMPT_TOKENS = "max_prompt_tokens"
 GPU_MEMORY = "gpu_memory"

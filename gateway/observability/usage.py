@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from gateway.edge.headers import NDJSON, SSE, stream_kind
+from gateway.support.hop_headers import NDJSON, SSE, stream_kind
 
 TAIL_BYTES = 1 << 20
 """Enough for Ollama's final /api/generate object, whose ``context`` array can be long."""

@@ -4,14 +4,14 @@
 For a request whose model several backends serve, ``Router.plan`` reads what each looks like now (read-only: the
 pool directory's known pools, the ledger's snapshot and the waiting room's queue length; a llama-server not probed
 yet gets ``routing.probe_wait_s`` to answer /props; an Ollama model is resident while the last /api/ps kvgate read
-lists it, and where it is not, ``Admitter.load_preview`` says what loading it would take: nothing to unload, idle
-models to unload, or no load now; without a GPU reading, whether /api/ps lists it) and what it learned of each pool's
-service time (``service_times``, from the requests it served) and each backend's loads (``Admitter.expected_load_s``,
-from their ``load_duration``), and returns a ``RoutePlan``: the backends in the order to try (rank.py: by expected
-time to first token). Requests routed but not admitted yet are counted against their backend and model
-(``pending``), for every pool kind and before the pool is known, so a burst that arrives before any of it reserves
-spreads instead of piling onto the first backend. A backend that fails before anything reached the client is taken
-out (``failed``) and the request moves to the next one, through admission there.
+lists it, and where it is not, ``LoadGate.preview`` says what loading it would take: nothing to unload, idle models
+to unload, or no load now; without a GPU reading, whether /api/ps lists it) and what it learned of each pool's
+service time (``service_times``, from the requests it served) and each backend's loads
+(``PoolDirectory.expected_load_s``, from their ``load_duration``), and returns a ``RoutePlan``: the backends in the
+order to try (rank.py: by expected time to first token). Requests routed but not admitted yet are counted against
+their backend and model (``pending``), for every pool kind and before the pool is known, so a burst that arrives
+before any of it reserves spreads instead of piling onto the first backend. A backend that fails before anything
+reached the client is taken out (``failed``) and the request moves to the next one, through admission there.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.admission import PoolSpec
-from gateway.admission.admit import Admitter
+from gateway.admission.step import AdmissionStep
 from gateway.admission.types import PoolKey
 from gateway.backends import Backend
 from gateway.config.routing import RoutingSettings
@@ -159,8 +159,8 @@ class RoutePlan:
 
 
 class Router:
-    def __init__(self, admitter: Admitter, clock: Callable[[], float] = time.monotonic) -> None:
-        self._admitter = admitter
+    def __init__(self, admission: AdmissionStep, clock: Callable[[], float] = time.monotonic) -> None:
+        self._admission = admission  # what kvgate knows of each backend: its pools, its loads, its queues
         self.now = clock
         self.outages = Outages(clock)
         self.sticky = StickyMap(max_entries=10_000, ttl_s=600.0, clock=clock)
@@ -217,7 +217,7 @@ class Router:
         pool = look.pool
         if pool is None:  # admission off, not probed, or not loaded: the requests on their way there are its queue
             return replace(base, load=self._load(backend, model, look, config))
-        room = self._admitter.room
+        room = self._admission.room
         snapshot = room.pool_snapshot(PoolKey(pool.backend, pool.model))  # with the other replicas' (shared)
         return replace(
             base, resident=True, unified=pool.unified, slots=pool.slots, busy=snapshot.active_sequences,
@@ -229,7 +229,7 @@ class Router:
         """What a load of ``model`` on ``backend`` would take, with its expected seconds; None when resident."""
         if look.resident:
             return None
-        learned = self._admitter.expected_load_s(backend, model)
+        learned = self._admission.pools.expected_load_s(backend, model)
         load_s = config.default_load_s if learned is None else learned[0]
         if look.load is not None:
             return replace(look.load, load_s=load_s)
@@ -237,51 +237,58 @@ class Router:
 
     def _busy_elsewhere(self, backend: Backend, model: str) -> bool:
         """Whether another model runs on ``backend`` through kvgate now (a load there may have to wait for it)."""
-        ledger = self._admitter.room.ledger
+        ledger = self._admission.room.ledger
         return any(pool.model != model and ledger.snapshot(pool.key).active_sequences > 0
-                   for (name, _), pool in self._admitter.known_pools().items() if name == backend.name)
+                   for (name, _), pool in self._admission.pools.known().items() if name == backend.name)
 
     def _slots_guess(self, backend: Backend, model: str) -> int:
         """The slots a pool not probed yet is counted on: configured, else the backend's learned parallel, else the
         fewest the same model has elsewhere, else one."""
-        learned = self._admitter.learned_parallel(backend)
+        learned = backend.settings.parallel or self._admission.pools.slots.learned_parallel(backend.name)
         if learned is not None:
             return learned
-        elsewhere = [pool.slots for (name, other), pool in self._admitter.known_pools().items()
+        elsewhere = [pool.slots for (name, other), pool in self._admission.pools.known().items()
                      if name != backend.name and other == model]
         return min(elsewhere) if elsewhere else 1
 
     async def _look(self, backend: Backend, name: str, config: RoutingSettings) -> _Look:
         """What the backend looks like for ``model``: its pool when kvgate knows it (a llama-server or configured
         server not probed yet gets ``probe_wait_s``); an Ollama model's only while resident (probing it would load
-        it), else what loading it would take (``Admitter.load_preview``, within ``probe_wait_s``)."""
+        it), else what loading it would take (``LoadGate.preview``, within ``probe_wait_s``)."""
         if not runtime_for(backend).probe_loads_model:
-            known = self._admitter.known_pools().get((backend.name, ""))
+            known = self._admission.pools.known().get((backend.name, ""))
             if known is not None or self.outages.is_out(backend.name):
                 return _Look(known)
             with contextlib.suppress(GatewayError, TimeoutError):
-                return _Look(await asyncio.wait_for(self._admitter.pool_for(backend, ""), config.probe_wait_s))
+                return _Look(await asyncio.wait_for(self._admission.pool_for(backend, ""), config.probe_wait_s))
             return _Look(None)
-        known = self._admitter.known_pools().get((backend.name, name))
+        known = self._admission.pools.known().get((backend.name, name))
         if known is not None:
             if not self._evicted(backend, known):
                 return _Look(known)
-            self._admitter.model_may_have_reloaded(backend, name)  # its next request loads it through the gate
+            self._admission.model_may_have_reloaded(backend, name)  # its next request loads it through the gate
         if self.outages.is_out(backend.name):
             return _Look(None, resident=False)
         with contextlib.suppress(TimeoutError):
-            preview = await asyncio.wait_for(self._admitter.load_preview(backend, name), config.probe_wait_s)
+            preview = await asyncio.wait_for(self._preview(backend, name), config.probe_wait_s)
             if preview.verdict is PreviewVerdict.RESIDENT:
                 return _Look(None)
             return _Look(None, resident=False, load=_load_cost(preview))
         return _Look(None, resident=False)
 
+    async def _preview(self, backend: Backend, model: str) -> LoadPreview:
+        """What loading ``model`` on ``backend`` would take now (``LoadGate.preview``: nothing is locked, claimed or
+        loaded)."""
+        loads = self._admission.loads
+        return LoadPreview.unknown("no load gate") if loads is None else await loads.preview(backend, model)
+
     def _evicted(self, backend: Backend, pool: PoolSpec) -> bool:
         """A pool kvgate probed whose model the last /api/ps no longer lists (Ollama unloaded it since: idle past
         its keep_alive, or evicted for another model), with nothing of kvgate's running on it."""
-        if self._admitter.resident(backend, pool.model) is not False:
+        loads = self._admission.loads
+        if loads is None or loads.resident(backend.name, pool.model) is not False:
             return False
-        return self._admitter.room.ledger.snapshot(PoolKey(pool.backend, pool.model)).active_sequences == 0
+        return self._admission.room.ledger.snapshot(PoolKey(pool.backend, pool.model)).active_sequences == 0
 
 
 @dataclass(frozen=True, slots=True)

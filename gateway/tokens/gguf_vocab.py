@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 import tokenizers
 
-from gateway.support.gguf_reader import GgufFormatError, read_gguf_metadata
+from gateway.support.gguf_reader import GgufFormatError, GgufMetadata, read_gguf_metadata
 from gateway.tokens.pretokenizers import PreTokenizerSpec, pre_tokenizer_spec
 from gateway.tokens.spm_merges import spm_merges
 from gateway.tokens.tokenizer_cache import FileIdentity, TokenizerCache
@@ -63,13 +63,18 @@ def read_gguf_tokenizer_metadata(path: Path) -> dict[str, Any]:
     return {key: value for key, value in values.items() if key.startswith(_TOKENIZER_KEY_PREFIXES)}
 
 
-def load_gguf_tokenizer(path: Path, *, cache_dir: Path | None = None) -> tokenizers.Tokenizer:
+def load_gguf_tokenizer(
+    path: Path,
+    *,
+    cache_dir: Path | None = None,
+    read_metadata: Callable[[Path], GgufMetadata] = read_gguf_metadata,
+) -> tokenizers.Tokenizer:
     """Read a GGUF file's tokenizer and convert it, once per vocabulary when `cache_dir` is given.
 
     The cache key is the digest of the file's key/value section, so copies and renames of a model share one
     entry. Computing it reads every string of the vocabulary, so the cache also remembers each file's key while the
     file is unchanged (`TokenizerCache.file_key`): loading a cached tokenizer again does not read the GGUF file.
-    UnsupportedTokenizer names the file and the reason.
+    UnsupportedTokenizer names the file and the reason. `read_metadata` parses the file (a test counts the reads).
     """
     cache = TokenizerCache(cache_dir) if cache_dir is not None else None
     identity: FileIdentity | None = None
@@ -83,7 +88,7 @@ def load_gguf_tokenizer(path: Path, *, cache_dir: Path | None = None) -> tokeniz
         except OSError:
             identity = None  # read_gguf_metadata reports it
     try:
-        parsed = read_gguf_metadata(path)
+        parsed = read_metadata(path)
     except (OSError, GgufFormatError) as exc:
         raise UnsupportedTokenizer(str(path), f"cannot read GGUF metadata: {exc}") from exc
     key = f"gguf-{parsed.kv_digest}"

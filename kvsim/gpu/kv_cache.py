@@ -3,7 +3,7 @@
 Sources: /work/shared/facts/llama-server.md sections 3-4 and 7 (llama.cpp ``llama_context`` and
 ``llama_kv_cache[_iswa]``), ollama.md section 4.1 (how Ollama v0.30+ starts llama-server), kv-memory.md. This
 module is the simulator's own reading of those sheets, kept apart from the gateway's memory math on purpose:
-``tests/sim/test_kv_crosscheck.py`` compares the two, so a mistake in either shows up as a disagreement.
+``tests/kvsim/test_kv_crosscheck.py`` compares the two, so a mistake in either shows up as a disagreement.
 
 What one cell (one token of one stream) holds
 ---------------------------------------------

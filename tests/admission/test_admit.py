@@ -14,14 +14,17 @@ import pytest
 
 from gateway import dialects
 from gateway.admission import AdmissionRejected, Ledger, LedgerSnapshot, PoolSpec, WaitingRoom
-from gateway.admission.admit import Admitter
+from gateway.admission.admit import AdmitAsk, Admitter
 from gateway.admission.kv_pools import PoolDirectory
-from gateway.admission.outcome import AdmissionDecision, Admitted, Reserved, Trim, response_headers
+from gateway.admission.outcome import AdmissionDecision, Granted, Reserved, Trim, response_headers
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
+from gateway.admission.shared.shared_rates import TenantRates
+from gateway.admission.step import AdmissionStep
 from gateway.admission.tenant_keys import Tenant
 from gateway.backends import Backend
 from gateway.backends.client import BackendClient
 from gateway.backends.probes import BackendProbes
+from gateway.backends.registry import BackendRegistry
 from gateway.config.settings import load_settings
 from gateway.domain import BackendKind, Dialect, Operation, ParsedRequest
 from gateway.errors import BadRequest
@@ -29,6 +32,7 @@ from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.ollama import LoadedModel
 from gateway.runtimes import runtime_for
 from gateway.tokens import TokenCount
+from gateway.tokens.prompt_counter import PromptCounter
 from tests.support.clock import FakeClock
 from tests.support.poll import until
 
@@ -96,6 +100,8 @@ class Setup:
     clock: FakeClock
     probes: FakeProbes
     backend: Backend
+    step: AdmissionStep
+    """The pools behind the admission step (pool_for, model_may_have_reloaded); nothing is counted or routed."""
 
 
 def setup(backend: dict[str, Any] | None = None, **admission: Any) -> Setup:
@@ -106,7 +112,9 @@ def setup(backend: dict[str, Any] | None = None, **admission: Any) -> Setup:
     room = WaitingRoom(Ledger(), clock=clock, disconnect_poll_s=0.005)
     config = settings.backends[0]
     backend_object = Backend(config, cast(BackendClient, None), runtime=runtime_for(config.kind))
-    return Setup(Admitter(settings.admission, pools, room), room, clock, probes, backend_object)
+    admitter = Admitter(settings.admission, pools, room)
+    step = AdmissionStep(admitter, pools, cast(BackendRegistry, None), cast(PromptCounter, None), TenantRates())
+    return Setup(admitter, room, clock, probes, backend_object, step)
 
 
 def openai_chat(**fields: Any) -> tuple[ParsedRequest, bytes]:
@@ -136,12 +144,12 @@ def never_gone() -> bool:
 async def admit(
     s: Setup, request: tuple[ParsedRequest, bytes], pool: PoolSpec | None, count: TokenCount,
     tenant: Tenant = ANYONE, recount: FakeRecount | None = None, is_disconnected: Callable[[], bool] = never_gone,
-) -> Admitted:
+) -> Granted:
     parsed, raw = request
-    return await s.admitter.admit(parsed, raw, pool, count, tenant, is_disconnected, recount or FakeRecount())
+    return await s.admitter.admit(AdmitAsk(parsed, raw, count, tenant), pool, is_disconnected, recount or FakeRecount())
 
 
-def forwarded(admitted: Admitted) -> dict[str, Any]:
+def forwarded(admitted: Granted) -> dict[str, Any]:
     body: dict[str, Any] = orjson.loads(admitted.body)
     return body
 
@@ -539,7 +547,7 @@ async def test_release_twice_is_harmless_and_returns_the_reservation_once() -> N
     again.release()
 
 
-# --- pool_for and model_may_have_reloaded --------------------------------------------------------------------------
+# --- the step's pool_for and model_may_have_reloaded ----------------------------------------------------------------
 
 OLLAMA_BACKEND = {"name": BACKEND, "kind": "ollama", "url": "http://127.0.0.1:9"}
 
@@ -555,7 +563,7 @@ OLLAMA_BACKEND = {"name": BACKEND, "kind": "ollama", "url": "http://127.0.0.1:9"
 ], ids=["admission off", "openai without a layout", "openai with a layout", "ollama"])
 async def test_pool_for(backend: dict[str, Any], admission: dict[str, Any], expected: PoolSpec | None) -> None:
     s = setup(backend, **admission)
-    assert await s.admitter.pool_for(s.backend, "llama3.1:8b") == expected
+    assert await s.step.pool_for(s.backend, "llama3.1:8b") == expected
     assert s.probes.calls["ps"] == (1 if expected is not None and expected.backend_kind is BackendKind.OLLAMA else 0)
 
 
@@ -570,9 +578,9 @@ async def test_a_model_that_may_have_reloaded_is_probed_again(
     model: str | None, at_default: bool, probes_after: int
 ) -> None:
     s = setup(OLLAMA_BACKEND)
-    await s.admitter.pool_for(s.backend, "llama3.1:8b")
-    await s.admitter.pool_for(s.backend, "llama3.1:8b")
+    await s.step.pool_for(s.backend, "llama3.1:8b")
+    await s.step.pool_for(s.backend, "llama3.1:8b")
     assert s.probes.calls["ps"] == 1  # cached
-    s.admitter.model_may_have_reloaded(s.backend, model, at_default=at_default)
-    await s.admitter.pool_for(s.backend, "llama3.1:8b")
+    s.step.model_may_have_reloaded(s.backend, model, at_default=at_default)
+    await s.step.pool_for(s.backend, "llama3.1:8b")
     assert s.probes.calls["ps"] == probes_after

@@ -22,6 +22,7 @@ from gateway.app import METRICS, create_app, start_server
 from gateway.config.settings import load_settings
 from gateway.observability.metrics import Metrics, record
 from gateway.tokens import TokenCount
+from tests.support.exchanges import ended
 from tests.support.fake_backend import FakeLLM, running
 
 EXACT = TokenCount(120, "gguf", True)
@@ -96,10 +97,10 @@ def test_log_fields_name_the_count_the_reservation_the_wait_and_the_decision() -
 def test_metrics_are_recorded_from_the_outcome() -> None:
     metrics = Metrics()
     for outcome in (WAITED, TRIMMED, TENANT_CAP):
-        record(metrics, "/api/chat", 200, 0.1, backend="b", tenant="t", outcome=outcome)
-    record(metrics, "/api/tags", 200, 0.1, backend="-", tenant="t", outcome=None)
-    record(metrics, "/api/chat", 503, 0.1, backend="b", tenant="t", outcome=None, refusal="queue_full", pool=POOL)
-    record(metrics, "/api/chat", 499, 0.1, backend="b", tenant="t", outcome=None)  # the client left: no refusal
+        record(metrics, ended("/api/chat", 200, backend="b", outcome=outcome), 0.1)
+    record(metrics, ended("/api/tags", 200), 0.1)
+    record(metrics, ended("/api/chat", 503, backend="b", refusal="queue_full", pool=POOL), 0.1)
+    record(metrics, ended("/api/chat", 499, backend="b"), 0.1)  # the client left: no refusal
     value = metrics.registry.get_sample_value
     assert value("kvgate_decisions_total", {"backend": "b", "decision": "admitted"}) == 2
     assert value("kvgate_decisions_total", {"backend": "b", "decision": "queued"}) == 1

@@ -62,12 +62,12 @@ async def one_request(room: WaitingRoom, rng: random.Random, seen: Counter[str])
     )
     left = rng.random() < 0.05
     hold_s, breaks = rng.random() * 0.004, rng.random() < 0.1
-    await asyncio.sleep(rng.random() * 0.02)
+    await asyncio.sleep(rng.random() * 0.02)  # random arrivals
     try:
         with await room.acquire(POOL.key, POOL, request, policy, is_disconnected=lambda: left) as permit:
             seen["admitted"] += 1
             seen["waited"] += permit.waited_s > 0
-            await asyncio.sleep(hold_s)
+            await asyncio.sleep(hold_s)  # the request runs this long
             if breaks:
                 raise ConnectionResetError("the client went away mid-stream")
             return "completed"
@@ -83,7 +83,7 @@ async def test_200_random_concurrent_requests_never_oversubscribe_the_pool() -> 
     room = WaitingRoom(ledger, disconnect_poll_s=0.002)
     seen: Counter[str] = Counter()
     tasks = [asyncio.create_task(one_request(room, rng, seen)) for _ in range(200)]
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # mid-run: some wait, some run, some have not arrived
     for task in rng.sample(tasks, 10):  # these clients left: their handler tasks are cancelled wherever they are
         task.cancel()
     results = await asyncio.gather(*tasks, return_exceptions=True)

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from gateway import dialects
-from gateway.admission import Rewrites
-from gateway.domain import Dialect, Operation
+from gateway.domain import Dialect, Operation, Rewrites
 from gateway.fitting.rewrite import apply_rewrites, encode_body
 
 

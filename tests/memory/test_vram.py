@@ -8,8 +8,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gateway.backends.vram_exporter import ExporterSource, devices_from_metrics, parse_prometheus_text
 from gateway.memory.vram import CachedVramSource, StaticVramSource, VramReading, VramUnavailable, parse_size
-from gateway.memory.vram_exporter import ExporterSource, devices_from_metrics, parse_prometheus_text
 from gateway.memory.vram_nvml import NvmlSource
 from tests.memory.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml, FakeNVMLError
 from tests.support.clock import FakeClock

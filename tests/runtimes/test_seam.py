@@ -9,8 +9,8 @@ from pathlib import Path
 
 GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 NOT_YET_SWITCHED = {  # files being rewritten elsewhere; each line's runtime question is in the runtimes' report
-    "proxy.py": 2,  # runtime_for(backend).runs_at_default_context(parsed), twice
-    "admission/admit.py": 1,  # runtime_for(pool.backend_kind).cuts_silently
+    "admission/step.py": 1,  # _at_ollama_default: runtime_for(backend).runs_at_default_context(parsed)
+    "admission/admit.py": 1,  # _cuts_silently: runtime_for(pool.backend_kind).cuts_silently
     "observability/reply_checks.py": 1,  # runtime_for(backend).calibrates_estimates
 }
 

@@ -144,7 +144,7 @@ class FakeLLM:
         path = request.path
         delay_s = s.probe_delay_s if path in PROBES else s.first_byte_delay_s
         if delay_s:
-            await asyncio.sleep(delay_s)
+            await asyncio.sleep(delay_s)  # the scripted slow first byte
         if path in self.answers:
             return await self.answers[path](request)
         if s.drop_connections and path in GENERATION:
@@ -266,7 +266,7 @@ class FakeLLM:
             if index == s.hold_after_chunks:
                 await s.release.wait()
             if index == s.stall_after_chunks:
-                await asyncio.sleep(3600)
+                await asyncio.sleep(3600)  # the scripted stall: the stream never goes on
             if index == s.disconnect_after_chunks:
                 assert request.transport is not None
                 request.transport.close()

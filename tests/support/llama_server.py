@@ -8,12 +8,13 @@ import os
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.poll import until_sync
 
 ENV_BINARY = "KVGATE_LLAMA_SERVER"
 _START_DEADLINE_S = 30.0
@@ -59,17 +60,19 @@ def _healthy(url: str) -> bool:
 
 
 def _wait_healthy(server: RunningLlamaServer, deadline_s: float) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         if server.process.poll() is not None:
             raise RuntimeError(
                 f"llama-server exited with {server.process.returncode} before it was healthy; log tail:\n"
                 + server.log_text()[-3000:]
             )
-        if _healthy(server.url):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"llama-server not healthy after {deadline_s} s; log tail:\n{server.log_text()[-3000:]}")
+        return _healthy(server.url)
+
+    try:
+        until_sync(healthy, timeout_s=deadline_s, interval_s=0.05)
+    except AssertionError:
+        raise TimeoutError(f"llama-server not healthy after {deadline_s} s; log tail:\n{server.log_text()[-3000:]}") \
+            from None
 
 
 @contextlib.contextmanager

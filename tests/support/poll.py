@@ -32,3 +32,15 @@ async def until(predicate: Callable[[], Any], timeout_s: float = 5.0, interval_s
         if time.monotonic() >= deadline:
             raise AssertionError(f"{getattr(predicate, '__qualname__', predicate)} still false after {timeout_s} s")
         await asyncio.sleep(interval_s)
+
+
+def until_sync(predicate: Callable[[], T], timeout_s: float = 5.0, interval_s: float = 0.01) -> T:
+    """``until`` outside the event loop (a fixture starting a server process): the same loop, blocking."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{getattr(predicate, '__qualname__', predicate)} still false after {timeout_s} s")
+        time.sleep(interval_s)

@@ -11,7 +11,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.support.llama_server import free_port
+from tests.support.poll import until_sync
 
 
 @dataclass
@@ -52,15 +52,20 @@ def running_redis(port: int | None = None) -> Iterator[RunningRedis]:
              "--dir", work, "--protected-mode", "yes"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        deadline_s = time.monotonic() + 10
-        while True:
+
+        def listening() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"redis-server did not start on port {port}: it exited")
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
+                    return True
             except OSError:
-                if process.poll() is not None or time.monotonic() > deadline_s:
-                    raise RuntimeError(f"redis-server did not start on port {port}") from None
-                time.sleep(0.01)
+                return False
+
+        try:
+            until_sync(listening, timeout_s=10)
+        except AssertionError:
+            raise RuntimeError(f"redis-server did not start on port {port}") from None
         running = RunningRedis(f"redis://127.0.0.1:{port}/0", port, process)
         try:
             yield running

@@ -1,7 +1,7 @@
 """Batches, embeddings and reranks: each prompt parsed and counted on its own (one sequence each on llama-server).
 
 The shapes follow llama-server's ``tokenize_input_prompts`` (checked against the real server, see
-tests/gateway/test_batches_llama_server.py): an array with no token id in it is a batch, anything else one prompt.
+tests/e2e/test_batches_llama_server.py): an array with no token id in it is a batch, anything else one prompt.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ async def test_counts_that_fit_run_together_and_the_rest_wait_in_order() -> None
     big = asyncio.create_task(take("big", 70))
     await asyncio.sleep(0)
     small = asyncio.create_task(take("small", 10))  # would fit now, but waits behind the earlier one
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # a moment in which neither gets in (the budget shows no count of its waiters)
     assert order == [] and budget.held_bytes == 60
     budget.release(60)
     await asyncio.gather(big, small)
@@ -52,7 +52,7 @@ async def test_a_cancelled_waiter_holds_nothing() -> None:
     budget = TokenizingBudget(limit_bytes=100)
     assert await budget.acquire(100, wait_s=0)
     waiter = asyncio.create_task(budget.acquire(40, wait_s=5))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # it waits by now (the budget shows no count of its waiters)
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter

@@ -20,7 +20,7 @@ class Signature:
     meaning: str
     knob: Knob
     severity: Severity
-    example: str  # a real line this signature must match (tests/check/test_signatures.py)
+    example: str  # a real line this signature must match (tests/cli/check/test_signatures.py)
 
 
 def _sig(code: str, pattern: str, meaning: str, knob: Knob, severity: Severity, example: str) -> Signature:
