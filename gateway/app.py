@@ -43,8 +43,8 @@ from gateway.loads.gpu_ledger import GpuBoard, LoadReservations
 from gateway.memory.vram import VramSource
 from gateway.observability import status_page
 from gateway.observability.gpus import gpu_rows, refresh_gpus
+from gateway.observability.ledger_health import SharedLedgerCollector, shared_status
 from gateway.observability.metrics import CONTENT_TYPE, Metrics
-from gateway.observability.shared_ledger import SharedLedgerCollector, shared_status
 from gateway.proxy import Proxy
 from gateway.support.single_flight import SingleFlight
 from gateway.support.tasks import stop

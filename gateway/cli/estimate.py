@@ -22,7 +22,7 @@ from gateway.backends.client import BackendClient
 from gateway.backends.prober import LlamaServerProber, OllamaProber, ProbeError, detect_backend
 from gateway.backends.vram_exporter import ExporterSource
 from gateway.domain import BackendKind
-from gateway.loads.residency import (
+from gateway.loads.standing import (
     Residency,
     calibration_for,
     plan_unload,
