@@ -32,10 +32,11 @@ One column per ROOT (a checkout: ROOT/gateway, ROOT/tests, ROOT/kvsim). Every ro
    per Compare node, and the number of modules holding them. Beside it, in ``gateway/check/``: Compare nodes of the same
    operators with a ``str`` constant operand (or, for ``in``, such a constant in the literal) equal to a kind name:
    "ollama", "llama-server", "llama_server", "llamacpp", "openai"; count and ``path:line``.
-5. Error bodies built outside the error boundary: calls in ``gateway/`` (not ``gateway/error_boundary.py``,
-   ``gateway/errors.py`` nor ``gateway/dialects/``) to ``web.json_response(...)``, ``web.Response(...)`` or a bare
-   ``json_response(...)`` whose arguments (positional or keyword, at any depth) hold a dict literal with the str
-   key "error", or a name or attribute whose identifier contains "error" (any case). Count and ``path:line``.
+5. Error bodies built outside the error boundary: calls in ``gateway/`` (not the boundary,
+   ``gateway/error_boundary.py`` or later ``gateway/edge/error_boundary.py``, ``gateway/errors.py`` nor
+   ``gateway/dialects/``) to ``web.json_response(...)``, ``web.Response(...)`` or a bare ``json_response(...)`` whose
+   arguments (positional or keyword, at any depth) hold a dict literal with the str key "error", or a name or
+   attribute whose identifier contains "error" (any case). Count and ``path:line``.
 6. Modules at the ``gateway/`` root: ``gateway/*.py`` less ``__init__.py`` and ``__main__.py``.
 7. Module base names (file name without ``.py``) used by more than one module in ``gateway/``, ``__init__.py``
    left out: how many such names, and each with its count.
@@ -76,7 +77,7 @@ IMPORTS_PER_EDGE = 2
 PROBED_IMPORTS = ("gateway.dialects", "gateway.domain", "gateway.admission.planner", "gateway.fitting.trim", "kvsim")
 HEAVY_MODULES = ("aiohttp", "asyncio", "redis")
 KIND_NAMES = frozenset({"ollama", "llama-server", "llama_server", "llamacpp", "openai"})
-BOUNDARY_FILES = ("gateway/error_boundary.py", "gateway/errors.py")
+BOUNDARY_FILES = ("gateway/error_boundary.py", "gateway/edge/error_boundary.py", "gateway/errors.py")
 BOUNDARY_DIRS = ("gateway/dialects/",)
 PROJECT_PACKAGES = ("gateway", "kvsim")
 CHILD_TIMEOUT_S = 120

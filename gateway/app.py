@@ -43,8 +43,8 @@ from gateway.loads.gpu_ledger import GpuBoard, LoadReservations
 from gateway.memory.vram import VramSource
 from gateway.observability import status_page
 from gateway.observability.gpus import gpu_rows, refresh_gpus
+from gateway.observability.ledger_health import SharedLedgerCollector, shared_status
 from gateway.observability.metrics import CONTENT_TYPE, Metrics
-from gateway.observability.shared_ledger import SharedLedgerCollector, shared_status
 from gateway.proxy import Proxy
 from gateway.runtimes import runtime_for
 from gateway.support.single_flight import SingleFlight
@@ -175,6 +175,15 @@ def create_app(
         await session.close()
 
     app.cleanup_ctx.append(lifecycle)
+    _add_routes(app, settings)
+    return app
+
+
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+def _add_routes(app: web.Application, settings: Settings) -> None:
+    """kvgate's own routes (/kvgate/...), then every proxied route of the table (edge/routes.py), then the rest."""
     app.router.add_get("/kvgate/health", kvgate_api.health, allow_head=True,  # every route: gateway.edge.expect
                        expect_handler=expect_continue)
     fit = kvgate_api.fit_handler(lambda r: (r.app[REGISTRY], r.app[PROBES]))
@@ -198,10 +207,6 @@ def create_app(
                          expect_handler=expect_continue)
     app.router.add_route("*", FALLBACK.path, functools.partial(_proxied, route=FALLBACK),
                          expect_handler=expect_continue)
-    return app
-
-
-Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 def _for_tenants(handler: Handler) -> Handler:

@@ -1,26 +1,25 @@
 """The one orchestrator of the request path (design.md section 3); each step lives in the module named beside it.
 
+    exchange             admission/exchange.py   one per request: its facts, frozen, and what the path learns
+    tenant               admission/tenant_keys.py  API key to tenant and its caps
     read the body        edge/body/reader.py     decoded, bounded, held under the request's lease (edge/body/budget.py)
                          edge/body/json_bound.py its JSON elements bounded before parsing; parsed off-loop if large
     parse                dialects/               once, into a frozen ParsedRequest (domain.py)
-    tenant               admission/tenant_keys.py  API key to tenant and its caps
     route                backends/registry.py    the backends serving the model, and their own names for it;
                          routing/                which of them: ranked by memory, sticky by conversation, a
                                                  backend that fails before answering is retried elsewhere
-    find the pool        admission/kv_pools.py   the model's KV pool, probed through backends/probes.py
-    count                tokens/prompt_counter.py  the prompt's tokens, exact where a counter can
-    admit                admission/step.py       one call, AdmissionStep.step(exchange) -> Admitted | Refused:
-                                                 the model, its pool, the count, the rate; plan (planner.py,
-                                                 pure), fit (fitting/), reserve or wait (admit.py, waiting_room.py)
+    admit                admission/step.py       one call, AdmissionStep.step(exchange) -> Admitted | Refused: the
+                                                 model, its KV pool (kv_pools.py), the count (tokens/), the rate;
+                                                 plan (planner.py, pure), fit (fitting/), reserve or wait
+                                                 (admit.py, waiting_room.py); load requests: AdmissionStep.load
     forward              backends/client.py      the backend's one client: auth, Host, timeouts, transport errors
-    stream back          streaming.py            bytes pass through; usage observed (observability/usage.py)
-    release + observe    here, observability/reply_checks.py the permit is released; truncation checked
-                                                 (observability/truncation.py); calibration; metrics and the
-                                                 log line rendered from the outcome (observability/metrics.py)
-    listings             edge/listing.py     /api/tags, /api/ps, /v1/models: every backend's list, merged
+    stream back          streaming.py            relay(request, upstream, RelayPlan) -> Relayed: bytes pass
+                                                 through, usage observed; a cut comes back, the backend is out
+    release              Admitted.release        the permit, the claim and the reload marks, once
+    observe              observability/          truncation checked (reply_checks.py); the log line, metrics and
+                                                 recent decisions rendered from the exchange (exchange_log.py)
+    listings             edge/listing.py         /api/tags, /api/ps, /v1/models: every backend's list, merged
 
-Every request has one exchange (admission/exchange.py): its facts, frozen, and what the path learns. The log line,
-the metrics and the recent decisions are rendered from it once the request is over (observability/exchange_log.py).
 Errors are raised as ``gateway.errors`` and rendered once, in the dialect of the route (edge/error_boundary.py).
 """
 

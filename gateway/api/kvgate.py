@@ -24,7 +24,7 @@ from gateway.edge.body.json_bound import decode_bounded
 from gateway.edge.body.reader import read_body
 from gateway.edge.routes import ROUTES
 from gateway.errors import BackendUnavailable, BadRequest, MethodNotAllowed, NotFound
-from gateway.loads.residency import (
+from gateway.loads.standing import (
     calibration_for,
     plan_unload,
     residency,

@@ -21,7 +21,7 @@ import orjson
 from gateway.backends.client import BackendClient
 from gateway.backends.prober import ProbeError, detect_backend
 from gateway.backends.vram_exporter import ExporterSource
-from gateway.loads.residency import (
+from gateway.loads.standing import (
     Residency,
     calibration_for,
     plan_unload,

@@ -51,7 +51,7 @@ from gateway.config.settings import ModelSettings, Settings
 from gateway.errors import LoadRefused
 from gateway.loads.gpu_ledger import GpuBudget, GpuEntry, LoadReservations
 from gateway.loads.gpu_reading import read_gpu_entry
-from gateway.loads.offload import CpuOffload, when_full
+from gateway.loads.offload import CpuOffload, FullGpu, SpillTarget, when_full
 from gateway.loads.oom import names_gpu_oom, oom_refusal
 from gateway.loads.plan import (
     GpuRoom,
@@ -376,11 +376,10 @@ class LoadGate:
         decision = decide_load(ask, room, residents, now_s=now_s, min_resident_s=residency.min_resident_s,
                                own_resident_bytes=own_bytes)
         if decision.action is LoadAction.REFUSE and cpu is not None:
-            decision = when_full(
-                residency.when_gpu_full, decision, cpu, backend=backend, profile=profile, ask=ask,
-                residents=residents, now_s=now_s, min_resident_s=residency.min_resident_s,
-                available_bytes=room.available_bytes + own_bytes, total_bytes=room.total_bytes,
-                headroom_bytes=room.headroom_bytes, meminfo_path=residency.meminfo_path)
+            full = FullGpu(decision, ask, residents, replace(room, available_bytes=room.available_bytes + own_bytes),
+                           now_s=now_s, min_resident_s=residency.min_resident_s)
+            decision = when_full(residency.when_gpu_full, full, cpu,
+                                 SpillTarget(backend, profile, residency.meminfo_path))
         return decision, explicit is not None
 
     def _state(self, backend: Backend, name: str, resident_bytes: int) -> ResidentState:

@@ -19,7 +19,7 @@ reading may not show yet, make one ``GpuBudget``:
 ``fits_load`` answers the question a load admission asks: does ``load_bytes`` fit now, beside ``headroom_bytes`` kept
 free, or after unloading some idle models (in the order given), or not at all, with the numbers. It is ``plan_load``
 over the budget; ``plan_load`` (available bytes, ordered (name, bytes) candidates, an optional cap) is the one fit
-decision, also behind /kvgate/fit and `kvgate estimate` (``gateway.loads.residency.plan_unload``). ``LoadReservations``
+decision, also behind /kvgate/fit and `kvgate estimate` (``gateway.loads.standing.plan_unload``). ``LoadReservations``
 records loads in flight per backend; each is released exactly once, like ``ledger.Reservation``.
 
 Pure: no I/O, no clock, no logging; the app reads the sources and keeps the last budget per backend in a

@@ -19,14 +19,14 @@ on "on" (the backend has shown it can't); "off" is never overruled. No I/O but t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from ipaddress import ip_address
 from pathlib import Path
 
 from yarl import URL
 
 from gateway.backends import Backend
-from gateway.loads.plan import LoadAction, LoadAsk, LoadDecision, ResidentState, unload_candidates
+from gateway.loads.plan import GpuRoom, LoadAction, LoadAsk, LoadDecision, ResidentState, unload_candidates
 from gateway.memory.fit_estimate import estimate, ram_check
 from gateway.memory.host_ram import RamVerdict, read_host_ram
 from gateway.memory.profile import ModelProfile
@@ -75,12 +75,31 @@ def _version(text: str | None) -> tuple[int, int, int] | None:
     return major, minor, patch
 
 
-def when_full(
-    mode: str, refused: LoadDecision, cpu: tuple[bool, str], *, backend: Backend, profile: ModelProfile,
-    ask: LoadAsk, residents: Sequence[ResidentState], now_s: float, min_resident_s: float, available_bytes: int,
-    total_bytes: int, headroom_bytes: int, meminfo_path: Path,
-) -> LoadDecision:
+@dataclass(frozen=True, slots=True)
+class FullGpu:
+    """A load ``decide_load`` refused, and what the GPU holds when it did."""
+
+    refused: LoadDecision
+    ask: LoadAsk
+    residents: Sequence[ResidentState]
+    room: GpuRoom
+    """Its ``available_bytes`` count the model's own resident copy as free (it is replaced by the load)."""
+    now_s: float
+    min_resident_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class SpillTarget:
+    """Where a load would spill to the CPU: the backend's host, the model, and the host's /proc/meminfo."""
+
+    backend: Backend
+    profile: ModelProfile
+    meminfo_path: Path
+
+
+def when_full(mode: str, full: FullGpu, cpu: tuple[bool, str], target: SpillTarget) -> LoadDecision:
     """What a load ``decide_load`` refused becomes under ``when_gpu_full = mode`` (module docstring)."""
+    refused, residents, ask = full.refused, full.residents, full.ask
     if mode == "wait":
         return replace(refused, action=LoadAction.WAIT, reason=f"{refused.reason}; it waits for GPU memory to be "
                        "freed (residency.when_gpu_full = 'wait')")
@@ -89,7 +108,7 @@ def when_full(
     offloads, why = cpu
     if not offloads:
         return replace(refused, reason=f"{refused.reason}; not loaded partly on the CPU: {why}")
-    now_free, later = unload_candidates(residents, ask, now_s, min_resident_s)
+    now_free, later = unload_candidates(residents, ask, full.now_s, full.min_resident_s)
     stuck = [m.name for m in residents if m.name not in {r.name for r in (*now_free, *later)}]
     if stuck:
         return replace(refused, reason=f"{refused.reason}; the backend loads a model partly on the CPU only with no "
@@ -100,17 +119,20 @@ def when_full(
                        f"{', '.join(m.name for m in later)} can be unloaded (the backend offloads only a model loaded "
                        "alone)")
     freed = sum(m.resident_bytes for m in now_free)
-    vram_free = max(0, min(available_bytes + freed, total_bytes) - headroom_bytes)
-    return offloaded(backend, profile, refused, tuple(m.name for m in now_free), freed, vram_free, total_bytes,
-                     meminfo_path)
+    room = full.room
+    vram_free = max(0, min(room.available_bytes + freed, room.total_bytes) - room.headroom_bytes)
+    unloading = replace(refused, unload=tuple(m.name for m in now_free), freed_bytes=freed)
+    return offloaded(target, unloading, vram_free, room.total_bytes)
 
 
-def offloaded(
-    backend: Backend, profile: ModelProfile, refused: LoadDecision, unload: tuple[str, ...], freed: int,
-    vram_free_bytes: int, vram_total_bytes: int, meminfo_path: Path,
-) -> LoadDecision:
-    """A refused load, allowed to run partly on the CPU when the backend's host is this one and its system RAM holds
-    the offloaded layers without swapping; refused otherwise, saying why."""
+def offloaded(target: SpillTarget, refused: LoadDecision, vram_free_bytes: int, vram_total_bytes: int,
+              ) -> LoadDecision:  # fmt: skip
+    """A refused load (with the models it would unload first), allowed to run partly on the CPU when the backend's
+    host is this one and its system RAM holds the offloaded layers without swapping; refused otherwise, saying why
+    (and then unloading nothing)."""
+    backend, profile, meminfo_path = target.backend, target.profile, target.meminfo_path
+    unload, freed = refused.unload, refused.freed_bytes
+    refused = replace(refused, unload=(), freed_bytes=0)
     if not is_local(backend):
         return replace(refused, reason=f"{refused.reason}; it would need CPU offload, and the system RAM of "
                        f"{backend.settings.shown_url} can't be read from here (kvgate reads its own /proc/meminfo)")

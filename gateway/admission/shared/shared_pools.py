@@ -63,6 +63,7 @@ from gateway.admission.shared.store import (
     Place,
     SharedStore,
     StoreUnreachable,
+    Turn,
     announcement,
 )
 from gateway.admission.types import LedgerSnapshot, PoolKey, PoolSpec
@@ -189,9 +190,8 @@ class SharedPools:
             return True
         sent_s = _now_s()
         try:
-            answer = await self.store.reserve(reservation, limits, self._config.lease_ttl_s,
-                                              waiter=None if waiter is None else str(waiter), overtake_s=overtake_s,
-                                              weight=weight, priority=priority)
+            turn = Turn(None if waiter is None else str(waiter), overtake_s, weight, priority)
+            answer = await self.store.reserve(reservation, limits, self._config.lease_ttl_s, turn)
         except StoreUnreachable as exc:
             self.went_down(str(exc))
             if not queued:

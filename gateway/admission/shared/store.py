@@ -135,6 +135,18 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """A request's place in the pool's fair order across replicas."""
+
+    waiter: str | None = None
+    """Its own place in the queue; None when it did not queue, and then it is placed where ``weight`` and
+    ``priority`` would tag it now."""
+    overtake_s: float = 5.0
+    weight: float = 1.0
+    priority: int = 0
+
+
 class SharedStore:
     """Leases, queue places and rate buckets in one Redis; see the module docstring."""
 
@@ -188,13 +200,13 @@ class SharedStore:
     def _value(self, reservation: Reservation) -> str:
         return f"{reservation.tokens}|{reservation.sequences}|{self.replica}|{reservation.tenant}"
 
-    async def reserve(self, reservation: Reservation, limits: Limits, ttl_s: float, *, waiter: str | None = None,
-                      overtake_s: float = 5.0, weight: float = 1.0, priority: int = 0, readd: bool = False) -> Answer:
+    async def reserve(self, reservation: Reservation, limits: Limits, ttl_s: float, turn: Turn = Turn(), *,
+                      readd: bool = False) -> Answer:
         """Add the lease if the pool, across replicas, still has room for it (the planner's rules, atomically) and
-        it is the request's turn in the fair order: what is left once the waiters ahead of it have taken theirs
-        holds it (``waiter``: this request's own place in the queue; None when it did not queue, and then it is
-        placed where ``weight`` and ``priority`` would tag it now). Verdict ``behind``: not its turn yet.
-        ``readd``: the request already runs (its lease expired or was lost): only the pool's room is checked."""
+        it is the request's ``turn`` in the fair order: what is left once the waiters ahead of it have taken theirs
+        holds it. Verdict ``behind``: not its turn yet. ``readd``: the request already runs (its lease expired or was
+        lost): only the pool's room is checked."""
+        waiter, overtake_s, weight, priority = turn.waiter, turn.overtake_s, turn.weight, turn.priority
         args: list[str | int | float] = [
             self.lease_id(reservation), self._value(reservation), reservation.tokens, reservation.sequences,
             reservation.tenant, _ms(ttl_s), limits.slots, _or_none(limits.pool_tokens),

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
 from gateway.admission.ledger import Ledger, Reservation
 from gateway.admission.rates import RateLimit
-from gateway.admission.shared.store import Answer, Limits, Place, SharedStore, announcement
+from gateway.admission.shared.store import Answer, Limits, Place, SharedStore, Turn, announcement
 from gateway.admission.types import PoolKey
 from tests.support.llama_server import free_port
 from tests.support.poll import until
@@ -24,7 +25,7 @@ POLL_S = 0.05
 
 async def _admitted(store: SharedStore, ask: Reservation, ttl_s: float, overtake_s: float = 5.0) -> Answer | None:
     """``store.reserve``'s answer when it is ``ok``, else None (a refusal changes nothing in Redis)."""
-    answer = await store.reserve(ask, UNIFIED, ttl_s, overtake_s=overtake_s)
+    answer = await store.reserve(ask, UNIFIED, ttl_s, Turn(overtake_s=overtake_s))
     return answer if answer.verdict == "ok" else None
 
 
@@ -217,15 +218,15 @@ async def test_a_long_waiting_request_keeps_its_room_across_replicas(two: list[S
     assert (await a.join_queue(KEY, "7", max_queue=10, ttl_s=10, place=Place(8_000, 1, "ci"))).placed
     await asyncio.sleep(0.05)  # the waiter waits 5x the 0.01 s window below, and 1/1,200 of the 60 s one
     early = ledger_b.reserve(KEY, 1_000, "web")
-    passed = await b.reserve(early, UNIFIED, ttl_s=10, overtake_s=60)  # within the window
-    late = await b.reserve(ledger_b.reserve(KEY, 1_000, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)
+    passed = await b.reserve(early, UNIFIED, 10, Turn(overtake_s=60))  # within the window
+    late = await b.reserve(ledger_b.reserve(KEY, 1_000, "web"), UNIFIED, 10, Turn(overtake_s=0.01))
     await b.release(hold)
     await b.release(early)
-    head = await a.reserve(Ledger().reserve(KEY, 8_000, "ci"), UNIFIED, ttl_s=10, waiter="7", overtake_s=0.01)
+    head = await a.reserve(Ledger().reserve(KEY, 8_000, "ci"), UNIFIED, 10, Turn("7", overtake_s=0.01))
     print(f"\n  b 1,000 (window 60 s) -> {passed.verdict}; b 1,000 (window 0.01 s) -> {late.verdict}; "
           f"the waiter, once b released -> {head.verdict}")
     assert (passed.verdict, late.verdict, head.verdict) == ("ok", "behind", "ok")
-    after = await b.reserve(ledger_b.reserve(KEY, 0, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)
+    after = await b.reserve(ledger_b.reserve(KEY, 0, "web"), UNIFIED, 10, Turn(overtake_s=0.01))
     assert after.verdict == "ok"  # the waiter was served and left the queue: nothing is kept back
 
 
@@ -233,7 +234,7 @@ async def test_a_dead_replicas_waiter_stops_holding_room_when_its_place_expires(
     a, b = two
     assert (await a.join_queue(KEY, "1", max_queue=10, ttl_s=0.3, place=Place(9_000, 1, "ci"))).placed
     await asyncio.sleep(0.05)  # past the 0.01 s overtake window (5x), well within the place's 0.3 s ttl (6x)
-    blocked = await b.reserve(Ledger().reserve(KEY, 5_000, "web"), UNIFIED, ttl_s=10, overtake_s=0.01)
+    blocked = await b.reserve(Ledger().reserve(KEY, 5_000, "web"), UNIFIED, 10, Turn(overtake_s=0.01))
     assert blocked.verdict == "behind"
     ask = Ledger().reserve(KEY, 5_000, "web")
 
@@ -264,9 +265,9 @@ async def test_one_fair_order_across_replicas(two: list[SharedStore], redis_url:
     await a.release(small)  # 4,000 free: enough for a's next batch request, or for b's code request
     rows = {}
 
-    async def ask(label: str, store: SharedStore, tokens: int, tenant: str, **kw: object) -> str:
+    async def ask(label: str, store: SharedStore, tokens: int, tenant: str, **turn: Any) -> str:
         ledger = ledger_a if store is a else ledger_b  # one ledger per replica: its reservation ids are unique
-        answer = await store.reserve(ledger.reserve(KEY, tokens, tenant), UNIFIED, ttl_s=10, **kw)  # type: ignore[arg-type]
+        answer = await store.reserve(ledger.reserve(KEY, tokens, tenant), UNIFIED, 10, Turn(**turn))
         rows[label] = answer.verdict
         return answer.verdict
 
@@ -307,7 +308,7 @@ async def test_priority_goes_first_and_a_waiter_held_by_its_tenant_cap_keeps_no_
     rows = {}
 
     async def ops(label: str, tokens: int, priority: int) -> None:
-        answer = await b.reserve(ledger_b.reserve(KEY, tokens, "ops"), UNIFIED, ttl_s=10, priority=priority)
+        answer = await b.reserve(ledger_b.reserve(KEY, tokens, "ops"), UNIFIED, 10, Turn(priority=priority))
         rows[label] = answer.verdict
 
     await ops("ops 3,000 (ci's capped waiter ahead)", 3_000, 0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.loads.residency import plan_unload, residency, residency_json
+from gateway.loads.standing import plan_unload, residency, residency_json
 from gateway.memory.fit_estimate import estimate
 from gateway.memory.presets import preset_profile
 from gateway.memory.sources.ollama import LoadedModel
