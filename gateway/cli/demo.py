@@ -118,6 +118,19 @@ class _Progress:
 
 async def run(args: argparse.Namespace, *, out: TextIO | None = None, sim_config: SimConfig | None = None,
               multi_model_config: SimConfig | None = None) -> int:  # fmt: skip
+    """The demo (``_demo``), with only errors logged while it runs: the root logger's level is put back after, so a
+    caller in the same process (a test) keeps its own."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        return await _demo(args, out=out, sim_config=sim_config, multi_model_config=multi_model_config)
+    finally:
+        root.setLevel(level)
+
+
+async def _demo(args: argparse.Namespace, *, out: TextIO | None, sim_config: SimConfig | None,
+                multi_model_config: SimConfig | None) -> int:  # fmt: skip
     """The demo; ``sim_config`` replaces the simulator's (default ``kvsim.workload.workload.demo_sim_config()``),
     e.g. a faster time scale or a ``tokenizer_cache_dir`` in tests. ``multi_model_config`` replaces the
     multi-model phase's (default ``multi_model.multi_model_sim_config()``, as many times faster as ``sim_config`` is
@@ -128,7 +141,6 @@ async def run(args: argparse.Namespace, *, out: TextIO | None = None, sim_config
     from kvsim.workload.workload_report import MULTI_MODEL_ROWS, render_comparison, render_outcomes
 
     out = out or sys.stdout
-    logging.getLogger().setLevel(logging.ERROR)
     part = getattr(args, "part", "all")
     out.write("kvgate demo: an Ollama on a simulated 24 GiB GPU (OLLAMA_NUM_PARALLEL=2); six users on one model in "
               "three phases,\nthen three models that don't fit together, users switching between them, a foreign "
