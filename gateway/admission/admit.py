@@ -18,10 +18,9 @@ from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, Reque
 from gateway.admission.kv_pools import PoolDirectory
 from gateway.admission.outcome import AdmissionOutcome, Granted, Reserved, SummaryNote, Trim
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
-from gateway.admission.sequence_rules import completions_run, ignored_n_note
 from gateway.admission.tenant_keys import Tenant, tenant_policy
 from gateway.config.settings import AdmissionSettings
-from gateway.domain import NO_OUTPUT_OPERATIONS, BackendKind, Operation, ParsedRequest
+from gateway.domain import NO_OUTPUT_OPERATIONS, Operation, ParsedRequest
 from gateway.errors import BadRequest
 from gateway.fitting.chat_fit import trim_chat
 from gateway.fitting.head_tail import keep_head_and_tail
@@ -30,6 +29,7 @@ from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.fitting.summaries import Summaries
 from gateway.fitting.summary_fit import SummaryFailed
 from gateway.loads.gate import LoadGate
+from gateway.runtimes import runtime_for
 from gateway.tokens import TokenCount
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def request_cost(parsed: ParsedRequest, pool: PoolSpec, count: TokenCount, tenan
         requested_num_ctx=parsed.num_ctx_tokens if (parsed.num_ctx_tokens or 0) > 0 else None,
         tenant=tenant.name,
         priority=tenant.priority,
-        sequences=completions_run(pool.backend_kind, parsed.sequences),
+        sequences=runtime_for(pool.backend_kind).completions_run(parsed.sequences),
         weight=tenant.weight,
         batch_prompt_tokens=count.per_prompt if len(count.per_prompt) > 1 else (),
     )
@@ -219,8 +219,8 @@ class Admitter:
             outcome, recount=fitted.recount or outcome.recount, rewrites=tuple(changes), trim=fitted.trim,
             summary=fitted.summary,
             waited_s=permit.waited_s, reserved=Reserved(pool.key, admit.reserve_tokens, admit.sequences),
-            notes=(*outcome.notes, *self._pools.notes_for(pool), *ignored_n_note(pool.backend_kind, parsed.sequences),
-                   *admit.notes),
+            notes=(*outcome.notes, *self._pools.notes_for(pool),
+                   *runtime_for(pool.backend_kind).ignored_n_note(parsed.sequences), *admit.notes),
             context_lowered=None if lowered is None else (lowered.asked_tokens, lowered.loaded_tokens),
             offload=self._pools.offload_for(pool),
         )
@@ -371,7 +371,7 @@ def _cuts_silently(pool: PoolSpec) -> bool:
     """Whether the backend cuts a prompt past its context without saying so (Ollama truncates to about half the
     context and answers 200; facts/ollama.md 4.6), so that an announced trim on an estimate is the lesser change.
     llama-server and OpenAI-compatible servers refuse such a prompt with their own 400 instead."""
-    return pool.backend_kind is BackendKind.OLLAMA
+    return runtime_for(pool.backend_kind).cuts_silently
 
 
 def _with_messages(parsed: ParsedRequest, messages: list[dict[str, Any]]) -> ParsedRequest:

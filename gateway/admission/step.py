@@ -36,7 +36,6 @@ from gateway.admission.outcome import AdmissionOutcome
 from gateway.admission.permit import Permit
 from gateway.admission.rates import RateLimit
 from gateway.admission.rejections import AdmissionRejected
-from gateway.admission.sequence_rules import reserves_kv
 from gateway.admission.shared.fencing import Fences
 from gateway.admission.shared.shared_rates import TenantRates
 from gateway.admission.types import PoolSpec
@@ -44,13 +43,14 @@ from gateway.admission.waiting_room import WaitingRoom
 from gateway.backends import Backend, BackendRegistry
 from gateway.backends.prober import ProbeError
 from gateway.config.settings import Settings
-from gateway.domain import BackendKind, ParsedRequest, Rewrites
+from gateway.domain import ParsedRequest, Rewrites
 from gateway.errors import BackendNotReady, BackendUnavailable, GatewayError
 from gateway.fitting.policy import FitPolicy, policy_for
 from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.fitting.summary_writer import SUMMARIZER_TENANT
 from gateway.loads.gate import Claim, LoadGate
 from gateway.loads.oom import room_after_oom
+from gateway.runtimes import runtime_for
 from gateway.tokens import TokenCount
 from gateway.tokens.prompt_counter import PromptCounter
 
@@ -241,7 +241,7 @@ class AdmissionStep:
         backend, parsed = exchange.backend, exchange.parsed
         assert backend is not None, "routing chose the backend before admission"
         model = await self._registry.target_model(backend, parsed.model)
-        if not reserves_kv(backend.kind, parsed.operation):
+        if not runtime_for(backend).reserves_kv(parsed.operation):
             return await self._unreserved(exchange, backend, model)
         try:
             pool = await self.pool_for(backend, model)
@@ -312,5 +312,5 @@ def _raw(exchange: Exchange) -> bytes:
 
 def _at_ollama_default(backend: Backend, parsed: ParsedRequest) -> bool:
     """A request that names no num_ctx on Ollama runs at Ollama's own default context (/v1 requests always do)."""
-    return backend.kind is BackendKind.OLLAMA and parsed.num_ctx_field is None
+    return runtime_for(backend).runs_at_default_context(parsed)
 

@@ -12,12 +12,13 @@ from typing import Any
 from gateway.admission.outcome import AdmissionOutcome
 from gateway.backends import Backend
 from gateway.config.reload import LiveSettings
-from gateway.domain import NO_OUTPUT_OPERATIONS, BackendKind, Operation, ParsedRequest
+from gateway.domain import NO_OUTPUT_OPERATIONS, Operation, ParsedRequest
 from gateway.observability import truncation
 from gateway.observability.logs import ClientText, request_id_var
 from gateway.observability.metrics import Metrics, record_truncation
 from gateway.observability.truncations import model_label
 from gateway.observability.usage import UsageObserver
+from gateway.runtimes import runtime_for
 from gateway.support.safe_text import sanitize
 from gateway.tokens import TokenCount
 from gateway.tokens.prompt_counter import ESTIMATE_COUNTER, PromptCounter
@@ -64,7 +65,7 @@ class ReplyChecks:
         if found is not None:
             self.report(parsed, backend, model, found)
         count = outcome.count
-        if count.counter != ESTIMATE_COUNTER and not count.exact and backend.kind is BackendKind.OLLAMA:
+        if count.counter != ESTIMATE_COUNTER and not count.exact and runtime_for(backend).calibrates_estimates:
             await self._counter.calibrate(parsed, backend, model, seen)  # an exact count has nothing to learn
 
     def report(
