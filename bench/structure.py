@@ -27,11 +27,12 @@ One column per ROOT (a checkout: ROOT/gateway, ROOT/tests, ROOT/kvsim). Every ro
    parameters: positional-only, positional, keyword-only, ``*args`` and ``**kwargs`` each count 1, a first
    positional ``self``/``cls`` does not. The details: the top 8 as ``module:qualname (count)``.
 4. ``BackendKind`` comparisons in ``gateway/``: ``ast.Compare`` nodes with an ``is``/``is not``/``==``/``!=`` one of
-   whose two sides is an attribute of the name ``BackendKind`` (``kind is BackendKind.OLLAMA``), or an
-   ``in``/``not in`` against a tuple/list/set literal holding one (``kind in (BackendKind.A, BackendKind.B)``); one
-   per Compare node, and the number of modules holding them. Beside it, in ``gateway/check/``: Compare nodes of the same
-   operators with a ``str`` constant operand (or, for ``in``, such a constant in the literal) equal to a kind name:
-   "ollama", "llama-server", "llama_server", "llamacpp", "openai"; count and ``path:line``.
+   whose two sides is an attribute of the name ``BackendKind`` (``kind is BackendKind.OLLAMA``), or an ``in``/``not
+   in`` against a tuple/list/set literal holding one (``kind in (BackendKind.A, BackendKind.B)``); one per Compare
+   node, and the number of modules holding them. Beside it, in ``gateway/check/`` (later ``gateway/cli/check/``):
+   Compare nodes of the same operators with a ``str`` constant operand (or, for ``in``, such a constant in the
+   literal) equal to a kind name: "ollama", "llama-server", "llama_server", "llamacpp", "openai"; count and
+   ``path:line``.
 5. Error bodies built outside the error boundary: calls in ``gateway/`` (not the boundary,
    ``gateway/error_boundary.py`` or later ``gateway/edge/error_boundary.py``, ``gateway/errors.py`` nor
    ``gateway/dialects/``) to ``web.json_response(...)``, ``web.Response(...)`` or a bare ``json_response(...)`` whose
@@ -414,11 +415,12 @@ def backend_kind_rows(checkout: Checkout) -> list[Row]:
     holding = {path: lines for path, lines in per_module.items() if lines}
     total = sum(map(len, holding.values()))
     details = [f"{path}: {len(lines)}" for path, lines in sorted(holding.items(), key=lambda item: -len(item[1]))]
-    check = [module for module in checkout.gateway if module.relpath.startswith("gateway/check/")]
+    check = [module for module in checkout.gateway  # the check tool, later gateway/cli/check/
+             if module.relpath.startswith(("gateway/check/", "gateway/cli/check/"))]
     strings = [f"{m.relpath}:{line}" for m in check for line in matching_compares(m, is_kind_name)]
     return [
         ("`BackendKind.X` comparisons (modules)", Cell(f"{total} ({len(holding)})", details)),
-        ("kind-name string comparisons in gateway/check/", Cell(str(len(strings)), strings)),
+        ("kind-name string comparisons in the check tool", Cell(str(len(strings)), strings)),
     ]
 
 
