@@ -46,7 +46,7 @@ from gateway.edge.body.budget import BodyBudget, BodyLease
 from gateway.edge.body.json_bound import decode_bounded
 from gateway.edge.body.reader import read_body
 from gateway.edge.error_boundary import error_response
-from gateway.edge.headers import request_deadline, request_id_for, upstream_request_headers
+from gateway.edge.headers import Hop, request_deadline, request_id_for, upstream_request_headers
 from gateway.edge.listing import merged_listing
 from gateway.edge.routes import FALLBACK, Handling, Route, fallback_dialect
 from gateway.errors import BackendTimeout, BackendUnavailable, BadRequest, GatewayError, InternalError, ModelNotFound
@@ -342,7 +342,7 @@ class Proxy:
         request, backend, request_id = exchange.http, exchange.backend, exchange.facts.request_id
         assert backend is not None
         headers = upstream_request_headers(
-            request.headers, host=backend.host_header, request_id=request_id, api_key=backend.api_key,
+            request.headers, Hop(backend.host_header, request_id, backend.api_key),
             client_ip=request.remote,  # kvgate's keys (a tenant's, the admin's) stay in kvgate
             strip_client_keys=self._live.tenants.enabled or carries_admin_key(request.headers,
                                                                               self._live.settings.server.admin_key),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway import dialects
@@ -136,6 +136,24 @@ def _output_cap(parsed: ParsedRequest, tenant: Tenant) -> tuple[int | None, bool
 
 
 @dataclass(frozen=True, slots=True)
+class Asker:
+    """What admission may ask of the request's side while it decides: whether its client is still there (a queued
+    request leaves when it is gone), and its prompt counted again, exactly (waiting for a tokenizer still loading)."""
+
+    is_disconnected: Callable[[], bool]
+    recount: Recount
+
+
+@dataclass(slots=True)
+class _Failures:
+    """Why the remedies tried so far did not make a request fit: the words for its refusal, and the reasons
+    (``SummaryFailed.reason``) of the summaries that failed."""
+
+    failed: list[str] = field(default_factory=list)
+    summary_reasons: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
 class AdmitAsk:
     """One request, as the admission step asks the admitter to admit it."""
 
@@ -173,19 +191,19 @@ class Admitter:
         return bool(self._config.enabled)
 
     async def admit(
-        self, ask: AdmitAsk, pool: PoolSpec | None, is_disconnected: Callable[[], bool], recount: Recount,
+        self, ask: AdmitAsk, pool: PoolSpec | None, asker: Asker,
     ) -> Granted:
-        """Reserve the request's sequences in ``pool`` (waiting if it must, until ``is_disconnected``) and rewrite its
+        """Reserve the request's sequences in ``pool`` (waiting if it must, while its client is there) and rewrite its
         body as planned; a request too long for the context meets the ask's fitting policy (default: trim, then
         refuse). The ask's deadline (seconds, and the header that set it) shortens how long it may wait in the queue.
 
         Nothing is refused on an estimate: a prompt that looks too long (for the tenant's cap or the context) is
-        counted for real first (``recount`` waits for a tokenizer still loading)."""
+        counted for real first (``asker.recount`` waits for a tokenizer still loading)."""
         parsed, raw, count, tenant, fit, deadline = ask.parsed, ask.raw, ask.count, ask.tenant, ask.fit, ask.deadline
         outcome = AdmissionOutcome(count)
         cap = tenant.max_prompt_tokens
         if cap is not None and _longest(count) > cap and not count.exact:
-            count = await recount(parsed)
+            count = await asker.recount(parsed)
             outcome = replace(outcome, recount=count)
         cap_note = _check_prompt_cap(tenant, count)
         if cap_note is not None:
@@ -198,7 +216,7 @@ class Admitter:
         if deadline is not None and deadline[0] < policy.queue_timeout_s:  # a deadline shortens the wait only
             policy = replace(policy, queue_timeout_s=deadline[0], queue_limit_name=f"the request's {deadline[1]}")
         fit = fit or self._default_fit
-        fitted = await self._acquire_fitting(parsed, pool, cost, policy, is_disconnected, recount, fit)
+        fitted = await self._acquire_fitting(parsed, pool, cost, policy, asker, fit)
         permit = fitted.permit
         rewrites = permit.admit.rewrites
         if capped and rewrites.max_output_tokens is None:
@@ -228,7 +246,7 @@ class Admitter:
 
     async def _acquire_fitting(
         self, parsed: ParsedRequest, pool: PoolSpec, cost: RequestCost, policy: Policy,
-        is_disconnected: Callable[[], bool], recount: Recount, fit: FitPolicy,
+        asker: Asker, fit: FitPolicy,
     ) -> _Fitted:
         """A permit for the request as it is, or once really counted, or changed by the first of ``fit``'s remedies
         that makes it fit; the request and cost it was granted for. A counted prompt too long for the context is
@@ -239,6 +257,7 @@ class Admitter:
         decides. It is trimmed or summarized on an estimate only where the backend would otherwise cut it silently
         (``_cuts_silently``: Ollama truncates a prompt past its context without a word), by the same remedies."""
         cost = replace(cost, model=parsed.model or "")  # the model the messages name, for a pool keyed ""
+        is_disconnected, recount = asker.is_disconnected, asker.recount
         permit = await self._acquire(pool, cost, policy, is_disconnected)
         counted: TokenCount | None = None
         if isinstance(permit, AdmissionRejected) and not cost.prompt_exact:
@@ -279,11 +298,11 @@ class Admitter:
         if rejected.code != CONTEXT_LENGTH_EXCEEDED:
             return None
         target = self._target_tokens(pool, cost)
-        failed: list[str] = []
-        summary_failures: list[str] = []  # the reasons (SummaryFailed.reason) of the summaries that failed
+        failures = _Failures()
+        failed, summary_failures = failures.failed, failures.summary_reasons
         for remedy in fit.effective_remedies():
             if remedy == "summarize" and parsed.messages and self._summaries is not None:
-                summarized = await self._summarize(parsed, cost, recount, fit, target, failed, summary_failures)
+                summarized = await self._summarize(parsed, cost, recount, fit, target, failures)
                 if summarized is not None:
                     return summarized
             elif remedy == "trim":
@@ -297,7 +316,7 @@ class Admitter:
 
     async def _summarize(
         self, parsed: ParsedRequest, cost: RequestCost, recount: Recount, fit: FitPolicy, target: int,
-        failed: list[str], summary_failures: list[str],
+        failures: _Failures,
     ) -> tuple[ParsedRequest, RequestCost, None, SummaryNote] | None:
         assert self._summaries is not None
 
@@ -307,8 +326,8 @@ class Admitter:
         try:
             done = await self._summaries.fit(parsed.messages, parsed.dialect, fit, target_tokens=target, count=count)
         except SummaryFailed as exc:
-            failed.append(f"summary failed: {exc}")
-            summary_failures.append(exc.reason)
+            failures.failed.append(f"summary failed: {exc}")
+            failures.summary_reasons.append(exc.reason)
             return None
         note = SummaryNote(done.replaced, len(parsed.messages), cost.prompt_tokens, done.prompt_tokens, done.cached)
         changed = _with_messages(parsed, done.messages)

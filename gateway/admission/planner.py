@@ -131,7 +131,8 @@ def plan(cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Po
     sequences = held_sequences(cost, pool)
     running = sorted(prompts, reverse=True)[: sequences // cost.sequences]
     together = _together_room(cost, pool, running, sequences)
-    output = _fit_output(cost, pool, policy, _Sizes(prompt_tokens, context.tokens, share_tokens, sequences, together))
+    sizes = _Sizes(prompt_tokens, context.tokens, share_tokens, sequences, together)
+    output = _fit_output(cost, pool, policy, sizes)
     if isinstance(output, Reject):
         return output
     # at most the context per sequence: an estimate's prompt + floor may exceed it, a count's never does (rule 3)
@@ -141,14 +142,14 @@ def plan(cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Po
         return too_many
     if share_tokens is not None and reserve_tokens > share_tokens:
         if cost.prompt_exact:
-            return _over_share(cost, pool, policy, prompt_tokens, output.tokens, reserve_tokens, share_tokens)
+            return _over_share(cost, pool, policy, sizes, output.tokens, reserve_tokens)
         held = snapshot.per_tenant_tokens.get(cost.tenant, 0)
         if held:  # an estimate is never refused for the share: it runs once the tenant holds nothing else
             return Wait(f"tenant '{cost.tenant}' holds {held:,} tokens of {_where(pool, cost)}; this request's "
                         f"estimate ({reserve_tokens:,}) exceeds its share ({share_tokens:,}) on its own, so it waits "
                         "until the tenant holds nothing else", "tenant")
-        share_tokens = None
-    wait = _capacity_wait(cost, pool, snapshot, policy, reserve_tokens, share_tokens, sequences)
+        sizes = _Sizes(prompt_tokens, context.tokens, None, sequences, together)  # it waits for no share
+    wait = _capacity_wait(cost, pool, snapshot, policy, sizes, reserve_tokens)
     if wait is not None:
         return wait
     rewrites = Rewrites(num_ctx=context.rewrite, max_output_tokens=output.rewrite)
@@ -376,10 +377,11 @@ def _batch_notes(cost: RequestCost, pool: PoolSpec, sequences: int, reserve_toke
 
 
 def _over_share(
-    cost: RequestCost, pool: PoolSpec, policy: Policy, prompt_tokens: int, output_tokens: int, reserve_tokens: int,
-    share_tokens: int,
+    cost: RequestCost, pool: PoolSpec, policy: Policy, sizes: _Sizes, output_tokens: int, reserve_tokens: int,
 ) -> Reject:
     """A request that alone needs more than its tenant's share of the pool: it could never run, even alone."""
+    prompt_tokens, share_tokens = sizes.prompt_tokens, sizes.share_tokens
+    assert share_tokens is not None, "only a tenant with a share is over it"
     if cost.batch_prompt_tokens:
         parts = f"{len(cost.prompts)} prompts of up to {prompt_tokens:,} tokens + max output {output_tokens:,} each"
     else:
@@ -403,9 +405,9 @@ def _share_words(policy: Policy, share_tokens: int, pool: PoolSpec, cost: Reques
 
 
 def _capacity_wait(
-    cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Policy, reserve_tokens: int,
-    share_tokens: int | None, sequences: int,
+    cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Policy, sizes: _Sizes, reserve_tokens: int,
 ) -> Wait | None:
+    share_tokens, sequences = sizes.share_tokens, sizes.sequences
     cap = policy.per_tenant_max_active
     active = snapshot.per_tenant_active.get(cost.tenant, 0)
     if cap is not None and active + sequences > cap:

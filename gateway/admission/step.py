@@ -28,7 +28,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from gateway.admission.admit import NO_CLAIM, AdmitAsk, Admitter, NoClaim
+from gateway.admission.admit import NO_CLAIM, AdmitAsk, Admitter, Asker, NoClaim
 from gateway.admission.charging import reserved_output, settle_rate, take_rate
 from gateway.admission.exchange import Exchange
 from gateway.admission.kv_pools import PoolDirectory
@@ -279,7 +279,7 @@ class AdmissionStep:
 
         try:
             ask = AdmitAsk(parsed, _raw(exchange), count, exchange.tenant, fit, exchange.deadline)
-            granted = await self.admitter.admit(ask, pool, exchange.client_gone, recount)
+            granted = await self.admitter.admit(ask, pool, Asker(exchange.client_gone, recount))
         except GatewayError as exc:
             claim.release()
             return Refused(exc)

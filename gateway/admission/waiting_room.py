@@ -62,7 +62,7 @@ from gateway.admission.queue_share import over_share
 from gateway.admission.rejections import AdmissionRejected
 from gateway.admission.shared.shared_pools import SharedPools
 from gateway.admission.shared.snapshots import combine, limits_for
-from gateway.admission.shared.store import Place
+from gateway.admission.shared.store import Place, Turn
 from gateway.admission.stats import QueueCounters, QueueStats, WaiterView
 from gateway.admission.types import Admit, LedgerSnapshot, Policy, PoolKey, PoolSpec, Reject, RequestCost, Wait
 
@@ -299,9 +299,9 @@ class WaitingRoom:
             await self._join_shared(shared, waiter)
         reservation = grant.reservation
         place = waiter.seq if isinstance(waiter, _Waiter) and waiter.joined else None
-        commit = asyncio.ensure_future(shared.commit(reservation, limits_for(pool, policy), waiter=place,
-                                                     overtake_s=policy.overtake_window_s,
-                                                     weight=_fair_weight(cost, policy), priority=cost.priority,
+        turn = Turn(None if place is None else str(place), policy.overtake_window_s, _fair_weight(cost, policy),
+                    cost.priority)
+        commit = asyncio.ensure_future(shared.commit(reservation, limits_for(pool, policy), turn,
                                                      queued=isinstance(waiter, _Waiter)))
         try:
             committed = await asyncio.shield(commit)

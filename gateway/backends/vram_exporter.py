@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import aiohttp
 from yarl import URL
 
-from gateway.backends.client import BackendCallError, fetch
+from gateway.backends.client import BackendCallError, Call, fetch
 from gateway.config.settings import TimeoutSettings
 from gateway.memory.vram import Clock, DeviceMemory, VramReading, VramUnavailable
 from gateway.support.redact import mask_url
@@ -119,7 +119,7 @@ class ExporterSource:
 
     async def read(self) -> VramReading:
         try:
-            raw = await fetch(self._session, "GET", URL(self._url), where=f"exporter {mask_url(self._url)}",
+            raw = await fetch(self._session, Call("GET", URL(self._url)), where=f"exporter {mask_url(self._url)}",
                               timeouts=self._timeouts)
         except BackendCallError as exc:
             raise VramUnavailable(exc.message) from exc

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -31,12 +32,19 @@ KVGATE_ONLY = frozenset({"x-kvgate-internal", "x-kvgate-route-backend"})
 MAX_REQUEST_ID_CHARS = 128
 
 
+@dataclass(frozen=True, slots=True)
+class Hop:
+    """The next hop of one request: the upstream's Host, the request's id, and the backend's own key (if any)."""
+
+    host: str
+    request_id: str
+    api_key: str | None = None
+
+
 def upstream_request_headers(
     incoming: CIMultiDictProxy[str],
+    hop: Hop,
     *,
-    host: str,
-    request_id: str,
-    api_key: str | None,
     client_ip: str | None,
     strip_client_keys: bool = False,
     body_decoded: bool = False,
@@ -44,6 +52,7 @@ def upstream_request_headers(
     """End-to-end headers of the client's request, with Host set to the upstream (Ollama checks it). A client's
     key for kvgate itself (``strip_client_keys``) never travels on to the backend. A body kvgate read and decoded
     (``body_decoded``) goes on without its Content-Encoding; one streamed through keeps it, with its bytes."""
+    host, request_id, api_key = hop.host, hop.request_id, hop.api_key
     drop = HOP_BY_HOP | connection_listed(incoming) | {"host", "content-length", REQUEST_ID.lower()} | KVGATE_ONLY
     if body_decoded:
         drop |= {"content-encoding"}

@@ -22,6 +22,7 @@ from gateway.fitting.summary_fit import (
     Summarized,
     SummaryCache,
     SummaryFailed,
+    SummaryGoal,
     summarize_history,
     summary_key,
 )
@@ -53,11 +54,11 @@ class Summaries:
             return await self.summarizer.summarize(replaced, policy)
 
         try:
+            goal = SummaryGoal(policy.keep_newest_turns, target_tokens,
+                               summary_role="user" if dialect is Dialect.ANTHROPIC else "system")
             done = await summarize_history(
-                messages, keep_newest_turns=policy.keep_newest_turns, target_tokens=target_tokens, count=count,
-                summarize=summarize, cache=self.cache,
+                messages, goal, count=count, summarize=summarize, cache=self.cache,
                 key_for=lambda replaced: summary_key(model, instructions, replaced),
-                summary_role="user" if dialect is Dialect.ANTHROPIC else "system",
             )
             if done is None:
                 raise SummaryFailed(f"no turn may be summarized: the newest {policy.keep_newest_turns} turn(s) stay "

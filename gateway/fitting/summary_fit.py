@@ -184,22 +184,26 @@ def _too_long(what: str, result: Summarized, target_tokens: int) -> SummaryFaile
                          f"{result.prompt_tokens:,} tokens > {target_tokens:,} target", SUMMARY_NO_FIT)
 
 
+@dataclass(frozen=True, slots=True)
+class SummaryGoal:
+    """What a summarized history must be: at most ``target_tokens``, with its ``keep_newest_turns`` newest turns
+    verbatim, the summary in a message of ``summary_role``."""
+
+    keep_newest_turns: int
+    target_tokens: int
+    summary_role: str = "system"
+
+
 async def summarize_history(
-    messages: Sequence[Message],
-    *,
-    keep_newest_turns: int,
-    target_tokens: int,
-    count: CountFn,
-    summarize: SummarizeFn,
-    cache: SummaryCache,
+    messages: Sequence[Message], goal: SummaryGoal, *, count: CountFn, summarize: SummarizeFn, cache: SummaryCache,
     key_for: KeyFn,
-    summary_role: str = "system",
 ) -> Summarized | None:
-    """The history with its oldest turns replaced by one summary, counting at most ``target_tokens``.
+    """The history with its oldest turns replaced by one summary, counting at most the goal's ``target_tokens``.
 
     None when no boundary leaves ``keep_newest_turns`` (>= 1) turns verbatim. Raises ``SummaryFailed`` when the
     summarizer fails or its summary does not fit (see the module docstring for the order things are tried in).
     """
+    keep_newest_turns, target_tokens, summary_role = goal.keep_newest_turns, goal.target_tokens, goal.summary_role
     if keep_newest_turns < 1:
         raise ValueError(f"keep_newest_turns must be >= 1, not {keep_newest_turns}")
     boundaries = _boundaries(messages, keep_newest_turns)

@@ -68,6 +68,7 @@ from gateway.observability.decisions import DecisionLog
 from gateway.observability.outcomes import QUEUE_REASONS, OutcomeTally, request_decisions
 from gateway.observability.prompts_seen import LongestPrompts
 from gateway.observability.tenant_usage import UNIDENTIFIED, TenantUsage
+from gateway.observability.truncation import Truncation
 from gateway.observability.truncations import TruncationLog
 from gateway.support.safe_text import safe_text
 
@@ -259,14 +260,12 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def record_truncation(
-    metrics: Metrics, *, request_id: str, backend: str, model: str, counted_tokens: int, reported_tokens: int,
-    counter: str,
-) -> None:
+def record_truncation(metrics: Metrics, request_id: str, backend: str, model: str, found: Truncation) -> None:
     """Count one silent truncation (``model`` must be a bounded label: ``truncations.model_label``)."""
     metrics.child(metrics.truncations, backend, model).inc()
-    metrics.truncation_log.add(request_id=request_id, backend=backend, model=model, counted_tokens=counted_tokens,
-                               reported_tokens=reported_tokens, counter=counter)
+    metrics.truncation_log.add(request_id=request_id, backend=backend, model=model,
+                               counted_tokens=found.counted_tokens, reported_tokens=found.reported_tokens,
+                               counter=found.counter)
 
 
 def record(metrics: Metrics, exchange: Exchange, elapsed_s: float) -> None:

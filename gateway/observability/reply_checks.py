@@ -78,9 +78,7 @@ class ReplyChecks:
                     found.describe(), backend.name, label, ClientText(sanitize(parsed.model or "")),
                     extra={"request_id": request_id, "backend": backend.name, "model": label,
                            "counted_tokens": found.counted_tokens, "reported_tokens": found.reported_tokens})
-        record_truncation(self._metrics, request_id=request_id, backend=backend.name, model=label,
-                          counted_tokens=found.counted_tokens, reported_tokens=found.reported_tokens,
-                          counter=found.counter)
+        record_truncation(self._metrics, request_id, backend.name, label, found)
 
 
 @dataclass(frozen=True, slots=True)

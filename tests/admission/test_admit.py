@@ -14,7 +14,7 @@ import pytest
 
 from gateway import dialects
 from gateway.admission import AdmissionRejected, Ledger, LedgerSnapshot, PoolSpec, WaitingRoom
-from gateway.admission.admit import AdmitAsk, Admitter
+from gateway.admission.admit import AdmitAsk, Admitter, Asker
 from gateway.admission.kv_pools import PoolDirectory
 from gateway.admission.outcome import AdmissionDecision, Granted, Reserved, Trim, response_headers
 from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
@@ -146,7 +146,8 @@ async def admit(
     tenant: Tenant = ANYONE, recount: FakeRecount | None = None, is_disconnected: Callable[[], bool] = never_gone,
 ) -> Granted:
     parsed, raw = request
-    return await s.admitter.admit(AdmitAsk(parsed, raw, count, tenant), pool, is_disconnected, recount or FakeRecount())
+    return await s.admitter.admit(AdmitAsk(parsed, raw, count, tenant), pool,
+                                  Asker(is_disconnected, recount or FakeRecount()))
 
 
 def forwarded(admitted: Granted) -> dict[str, Any]:

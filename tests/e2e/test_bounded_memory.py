@@ -50,7 +50,7 @@ import pytest_asyncio
 
 from gateway.edge.body.budget import BodyBudget, fits
 from gateway.edge.body.encoding import BodyDecoder, coding_of
-from gateway.edge.headers import upstream_request_headers
+from gateway.edge.headers import Hop, upstream_request_headers
 from gateway.errors import BadRequest, PayloadTooLarge, ServerBusy, UnsupportedMediaType
 from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
@@ -425,8 +425,8 @@ def test_decoded_body_goes_on_without_its_content_encoding() -> None:
     from multidict import CIMultiDict, CIMultiDictProxy
 
     incoming = CIMultiDictProxy(CIMultiDict({"Content-Encoding": "gzip", "Content-Type": "application/json"}))
-    kept = upstream_request_headers(incoming, host="h", request_id="r", api_key=None, client_ip=None)
-    dropped = upstream_request_headers(incoming, host="h", request_id="r", api_key=None, client_ip=None,
+    kept = upstream_request_headers(incoming, Hop("h", "r"), client_ip=None)
+    dropped = upstream_request_headers(incoming, Hop("h", "r"), client_ip=None,
                                        body_decoded=True)
     assert kept["Content-Encoding"] == "gzip"
     assert "Content-Encoding" not in dropped and dropped["Content-Type"] == "application/json"

@@ -3,10 +3,12 @@ id is kvgate's, a backend key is injected and a client's kvgate key never travel
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.edge.headers import upstream_request_headers
+from gateway.edge.headers import Hop, upstream_request_headers
 from gateway.support.hop_headers import HOP_BY_HOP, NDJSON, REQUEST_ID, SSE, downstream_response_headers, stream_kind
 
 
@@ -14,10 +16,9 @@ def headers(*pairs: tuple[str, str]) -> CIMultiDictProxy[str]:
     return CIMultiDictProxy(CIMultiDict(pairs))
 
 
-def upstream(incoming: CIMultiDictProxy[str], **overrides: object) -> CIMultiDict[str]:
-    options: dict[str, object] = {"host": "127.0.0.1:11434", "request_id": "rid-1", "api_key": None,
-                                  "client_ip": None, **overrides}
-    return upstream_request_headers(incoming, **options)  # type: ignore[arg-type]
+def upstream(incoming: CIMultiDictProxy[str], *, host: str = "127.0.0.1:11434", request_id: str = "rid-1",
+             api_key: str | None = None, **options: Any) -> CIMultiDict[str]:
+    return upstream_request_headers(incoming, Hop(host, request_id, api_key), **{"client_ip": None, **options})
 
 
 @pytest.mark.parametrize(

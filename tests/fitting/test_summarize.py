@@ -14,6 +14,7 @@ from gateway.fitting.summary_fit import (
     Summarized,
     SummaryCache,
     SummaryFailed,
+    SummaryGoal,
     summarize_history,
     summary_key,
 )
@@ -86,9 +87,8 @@ def _layout(original: list[Message], result: list[Message]) -> str:
 async def _summarize(messages: list[Message], cache: SummaryCache, summarizer: FakeSummarizer, *,
                      keep_newest_turns: int = 1, target_tokens: int = 10_000,
                      summary_role: str = "system") -> Summarized | None:
-    return await summarize_history(messages, keep_newest_turns=keep_newest_turns, target_tokens=target_tokens,
-                                   count=count, summarize=summarizer, cache=cache, key_for=key_for,
-                                   summary_role=summary_role)
+    return await summarize_history(messages, SummaryGoal(keep_newest_turns, target_tokens, summary_role),
+                                   count=count, summarize=summarizer, cache=cache, key_for=key_for)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -264,7 +264,7 @@ async def test_an_empty_summary_is_a_failure() -> None:
         return "  "
 
     with pytest.raises(SummaryFailed, match="empty summary"):
-        await summarize_history(_chat("u a u"), keep_newest_turns=1, target_tokens=100, count=count,
+        await summarize_history(_chat("u a u"), SummaryGoal(1, 100), count=count,
                                 summarize=empty, cache=SummaryCache(8), key_for=key_for)
 
 

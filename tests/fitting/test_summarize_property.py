@@ -12,7 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.fitting.summary_fit import SUMMARY_PREFIX, Summarized, SummaryCache, summarize_history, summary_key
+from gateway.fitting.summary_fit import (
+    SUMMARY_PREFIX,
+    Summarized,
+    SummaryCache,
+    SummaryGoal,
+    summarize_history,
+    summary_key,
+)
 from tests.fitting.test_trim_property import Conversation, _cuts, _is_system, conversations
 
 Message = dict[str, Any]
@@ -51,7 +58,7 @@ def test_summarizing_random_conversations(half: int) -> None:
             return "text"
 
         result = _run(summarize_history(
-            chat.messages, keep_newest_turns=keep_newest_turns, target_tokens=10**9, count=count,
+            chat.messages, SummaryGoal(keep_newest_turns, 10**9), count=count,
             summarize=summarize, cache=SummaryCache(4), key_for=lambda replaced: summary_key("m", "i", replaced)))
         cuts = _cuts(chat)
         if len(cuts) < keep_newest_turns:

@@ -56,6 +56,7 @@ from gateway.admission.rejections import AdmissionRejected
 from gateway.admission.shared.fencing import Fences
 from gateway.admission.shared.snapshots import combine, freed, known_share_others, local_share_others, whole_pool
 from gateway.admission.shared.store import (
+    ANY_TURN,
     Announcement,
     Answer,
     Joined,
@@ -171,16 +172,17 @@ class SharedPools:
 
     # --- commits and releases ---------------------------------------------------------------------------------------
 
-    async def commit(self, reservation: Reservation, limits: Limits, *, waiter: int | None = None,
-                     overtake_s: float = 5.0, weight: float = 1.0, priority: int = 0, queued: bool = False) -> bool:
+    async def commit(self, reservation: Reservation, limits: Limits, turn: Turn = ANY_TURN, *,
+                     queued: bool = False) -> bool:
         """Make a local reservation final across replicas: True when its lease is in Redis (or, Redis down with
         ``local_share``, when it was planned against this replica's share); False when another replica took the
         room first, it is not the request's turn in the fair order, or Redis just went away (plan again). With
         ``on_unreachable = "refuse"`` and Redis down, a request that never waited is refused (``AdmissionRejected``,
         503), and one that ``queued`` gets False: it waits on, up to its queue timeout, for Redis to come back.
-        ``waiter`` is the request's place in the shared queue (None: it has none; ``weight`` and ``priority`` place
-        it)."""
+        ``turn``: the request's place in the shared queue (its waiter; None: it has none, and its weight and priority
+        place it)."""
         key = reservation.key
+        waiter = None if turn.waiter is None else int(turn.waiter)  # this replica's waiters: its sequence numbers
         if not self.up:
             if queued and self._config.on_unreachable == "refuse":
                 return False
@@ -190,7 +192,6 @@ class SharedPools:
             return True
         sent_s = _now_s()
         try:
-            turn = Turn(None if waiter is None else str(waiter), overtake_s, weight, priority)
             answer = await self.store.reserve(reservation, limits, self._config.lease_ttl_s, turn)
         except StoreUnreachable as exc:
             self.went_down(str(exc))

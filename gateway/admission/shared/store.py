@@ -147,6 +147,10 @@ class Turn:
     priority: int = 0
 
 
+ANY_TURN = Turn()
+"""A request that did not queue, placed by the default weight and priority."""
+
+
 class SharedStore:
     """Leases, queue places and rate buckets in one Redis; see the module docstring."""
 
@@ -200,7 +204,7 @@ class SharedStore:
     def _value(self, reservation: Reservation) -> str:
         return f"{reservation.tokens}|{reservation.sequences}|{self.replica}|{reservation.tenant}"
 
-    async def reserve(self, reservation: Reservation, limits: Limits, ttl_s: float, turn: Turn = Turn(), *,
+    async def reserve(self, reservation: Reservation, limits: Limits, ttl_s: float, turn: Turn = ANY_TURN, *,
                       readd: bool = False) -> Answer:
         """Add the lease if the pool, across replicas, still has room for it (the planner's rules, atomically) and
         it is the request's ``turn`` in the fair order: what is left once the waiters ahead of it have taken theirs
