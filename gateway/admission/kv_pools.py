@@ -52,8 +52,9 @@ from gateway.config.settings import Settings
 from gateway.errors import BackendNotReady
 from gateway.loads.gate import Loaded, LoadGate, Lowered, lowered_of
 from gateway.loads.offload import Offloads
-from gateway.memory.fit_estimate import estimate
+from gateway.memory.fit_estimate import VramRoom, estimate
 from gateway.memory.kv import CTX_PAD_TOKENS
+from gateway.memory.load_cost import RunKnobs
 from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import VramUnavailable
 from gateway.runtimes import PoolSource, runtime_for
@@ -377,12 +378,18 @@ class PoolDirectory:
         parallel = self.slots.parallel_guess(backend, profile)
         try:
             fit = estimate(
-                profile, context=cap, parallel=parallel, type_k=settings.cache_type_k,
-                type_v=settings.cache_type_v, vram_total_bytes=reading.total_bytes,
-                vram_free_bytes=reading.free_bytes,
+                profile,
+                context=cap,
+                parallel=parallel,
+                knobs=RunKnobs(type_k=settings.cache_type_k, type_v=settings.cache_type_v),
+                vram=VramRoom(total_bytes=reading.total_bytes, free_bytes=reading.free_bytes),
             )
-            smallest = estimate(profile, context=CTX_PAD_TOKENS, parallel=parallel,
-                                type_k=settings.cache_type_k, type_v=settings.cache_type_v)
+            smallest = estimate(
+                profile,
+                context=CTX_PAD_TOKENS,
+                parallel=parallel,
+                knobs=RunKnobs(type_k=settings.cache_type_k, type_v=settings.cache_type_v),
+            )
         except ValueError as exc:
             return ContextUnknown(f"its memory can't be estimated ({exc})")
         context = min(cap, fit.max_context_tokens or 0)

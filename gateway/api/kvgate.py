@@ -31,9 +31,9 @@ from gateway.loads.standing import (
     residency_json,
     residency_warnings,
 )
-from gateway.memory.fit_estimate import estimate, parse_fit_params, ram_check
+from gateway.memory.fit_estimate import VramRoom, estimate, parse_fit_params, ram_check
 from gateway.memory.host_ram import read_host_ram
-from gateway.memory.load_cost import Calibration
+from gateway.memory.load_cost import Calibration, RunKnobs
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.ollama import LoadedModel
 from gateway.memory.vram import VramReading, VramUnavailable
@@ -82,16 +82,22 @@ async def _fit(request: web.Request, registry: BackendRegistry, probes: BackendP
     try:
         result = estimate(
             profile,
-            context=params.context or (own.context_tokens if own else None) or profile.context_tokens
+            context=params.context
+            or (own.context_tokens if own else None)
+            or profile.context_tokens
             or min(DEFAULT_CONTEXT_TOKENS, profile.shape.n_ctx_train or 8192),
             parallel=params.parallel or settings.parallel or profile.parallel or 1,
-            type_k=params.type_k if "cache_type_k" in query else settings.cache_type_k,
-            type_v=params.type_v if "cache_type_v" in query else settings.cache_type_v,
-            vram_total_bytes=reading.total_bytes if reading else None,
-            vram_free_bytes=reading.free_bytes if reading else None,
-            unified=bool(settings.unified_kv),
-            calibration=calibration,
-            vram_resident_bytes=resident.resident_bytes if resident else 0,
+            knobs=RunKnobs(
+                type_k=params.type_k if "cache_type_k" in query else settings.cache_type_k,
+                type_v=params.type_v if "cache_type_v" in query else settings.cache_type_v,
+                unified=bool(settings.unified_kv),
+                calibration=calibration,
+            ),
+            vram=VramRoom(
+                total_bytes=reading.total_bytes if reading else None,
+                free_bytes=reading.free_bytes if reading else None,
+                resident_bytes=resident.resident_bytes if resident else 0,
+            ),
         )
     except ValueError as exc:
         raise BadRequest(str(exc)) from None

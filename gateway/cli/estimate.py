@@ -31,9 +31,10 @@ from gateway.loads.standing import (
     residency_warnings,
 )
 from gateway.memory.estimate_table import format_bytes, render_table
-from gateway.memory.fit_estimate import Estimate, RamCheck, estimate, ram_check
+from gateway.memory.fit_estimate import Estimate, RamCheck, VramRoom, estimate, ram_check
 from gateway.memory.host_ram import read_host_ram
 from gateway.memory.kv import ALLOWED_CACHE_TYPES, CacheType, ShapeError, parse_cache_type
+from gateway.memory.load_cost import RunKnobs
 from gateway.memory.presets import find_preset, preset_names, preset_profile
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.gguf_file import profile_from_gguf
@@ -179,20 +180,27 @@ async def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextI
         parallel = args.parallel or profile.parallel or 1
         result = estimate(
             profile,
-            context=args.context or (own.context_tokens if own else None) or profile.context_tokens
+            context=args.context
+            or (own.context_tokens if own else None)
+            or profile.context_tokens
             or _default_context(profile),
             parallel=parallel,
-            type_k=args.cache_type_k,
-            type_v=args.cache_type_v,
-            vram_total_bytes=reading.total_bytes if reading else None,
-            vram_free_bytes=reading.free_bytes if reading else None,
-            overhead_bytes=args.overhead,
-            unified=args.unified,
-            n_ubatch=args.ubatch,
-            flash_attn=not args.no_flash_attn,
-            calibration=calibration_for(profile, own, parallel=parallel, type_k=args.cache_type_k,
-                                        type_v=args.cache_type_v),
-            vram_resident_bytes=resident.resident_bytes if resident else 0,
+            knobs=RunKnobs(
+                type_k=args.cache_type_k,
+                type_v=args.cache_type_v,
+                overhead_bytes=args.overhead,
+                unified=args.unified,
+                n_ubatch=args.ubatch,
+                flash_attn=not args.no_flash_attn,
+                calibration=calibration_for(
+                    profile, own, parallel=parallel, type_k=args.cache_type_k, type_v=args.cache_type_v
+                ),
+            ),
+            vram=VramRoom(
+                total_bytes=reading.total_bytes if reading else None,
+                free_bytes=reading.free_bytes if reading else None,
+                resident_bytes=resident.resident_bytes if resident else 0,
+            ),
         )
     except (InputError, ProbeError, VramUnavailable, ShapeError, ValueError, OSError) as exc:
         err.write(f"kvgate estimate: {exc}\n")

@@ -62,7 +62,7 @@ from gateway.loads.plan import (
     decide_load,
 )
 from gateway.loads.preview import RESIDENT, LoadPreview, preview_of
-from gateway.memory.load_cost import estimate_load_cost
+from gateway.memory.load_cost import RunKnobs, estimate_load_cost
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.ollama import default_context_tokens
 from gateway.memory.vram import VramUnavailable
@@ -362,8 +362,12 @@ class LoadGate:
             if profile.embedding_only:  # Ollama runs an embedding model alone, and it keeps no KV cache
                 cost = estimate_load_cost(profile, context_tokens=context, parallel=1)
                 return replace(cost, kv_bytes=0).total_bytes
-            return estimate_load_cost(profile, context_tokens=context, parallel=self.parallel_for(backend, profile),
-                                      type_k=settings.cache_type_k, type_v=settings.cache_type_v).total_bytes
+            return estimate_load_cost(
+                profile,
+                context_tokens=context,
+                parallel=self.parallel_for(backend, profile),
+                knobs=RunKnobs(type_k=settings.cache_type_k, type_v=settings.cache_type_v),
+            ).total_bytes
 
         own = self._model_settings(model)
         ask = LoadAsk(model, asked, floor, load_bytes_at, own.priority if own else 0)

@@ -23,7 +23,7 @@ from gateway.loads.gpu_ledger import (
     estimated_resident,
     reported_resident,
 )
-from gateway.memory.load_cost import estimate_load_cost
+from gateway.memory.load_cost import RunKnobs, estimate_load_cost
 from gateway.memory.vram import VramUnavailable
 
 log = logging.getLogger(__name__)
@@ -65,9 +65,12 @@ async def _llama_server_resident(
         name = alias or PurePath(props.model_path).name or backend.name
         profile = await probes.profile(backend, alias or props.model_path)
         cost = estimate_load_cost(
-            profile, context_tokens=profile.context_tokens or props.n_ctx_slot,
+            profile,
+            context_tokens=profile.context_tokens or props.n_ctx_slot,
             parallel=profile.parallel or props.total_slots or settings.parallel or 1,
-            type_k=settings.cache_type_k, type_v=settings.cache_type_v, unified=settings.unified_kv is not False,
+            knobs=RunKnobs(
+                type_k=settings.cache_type_k, type_v=settings.cache_type_v, unified=settings.unified_kv is not False
+            ),
         )
     except (ProbeError, LookupError, ValueError) as exc:
         log.debug("GPU ledger: size of the model on %s unknown: %s", backend.describe(), exc)

@@ -27,8 +27,9 @@ from yarl import URL
 
 from gateway.backends import Backend
 from gateway.loads.plan import GpuRoom, LoadAction, LoadAsk, LoadDecision, ResidentState, unload_candidates
-from gateway.memory.fit_estimate import estimate, ram_check
+from gateway.memory.fit_estimate import VramRoom, estimate, ram_check
 from gateway.memory.host_ram import RamVerdict, read_host_ram
+from gateway.memory.load_cost import RunKnobs
 from gateway.memory.profile import ModelProfile
 
 FIT_SINCE_VERSION = (0, 30, 0)
@@ -137,9 +138,13 @@ def offloaded(target: SpillTarget, refused: LoadDecision, vram_free_bytes: int, 
         return replace(refused, reason=f"{refused.reason}; it would need CPU offload, and the system RAM of "
                        f"{backend.settings.shown_url} can't be read from here (kvgate reads its own /proc/meminfo)")
     settings = backend.settings
-    result = estimate(profile, context=refused.context_tokens, parallel=settings.parallel or 1,
-                      type_k=settings.cache_type_k, type_v=settings.cache_type_v,
-                      vram_total_bytes=vram_total_bytes, vram_free_bytes=vram_free_bytes)
+    result = estimate(
+        profile,
+        context=refused.context_tokens,
+        parallel=settings.parallel or 1,
+        knobs=RunKnobs(type_k=settings.cache_type_k, type_v=settings.cache_type_v),
+        vram=VramRoom(total_bytes=vram_total_bytes, free_bytes=vram_free_bytes),
+    )
     check = ram_check(result, lambda: read_host_ram(meminfo_path))
     spill = check.offload
     if check.verdict is not RamVerdict.FITS or spill is None or check.host is None:

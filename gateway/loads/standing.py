@@ -23,7 +23,7 @@ from gateway.backends.client import same_model
 from gateway.loads.gpu_ledger import FitVerdict, plan_load
 from gateway.memory.fit_estimate import Estimate, available_cap_bytes
 from gateway.memory.kv import CacheType
-from gateway.memory.load_cost import Calibration, calibrate_from_ps, estimate_load_cost
+from gateway.memory.load_cost import Calibration, RunKnobs, calibrate_from_ps, estimate_load_cost
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.ollama import LoadedModel
 
@@ -80,7 +80,7 @@ def calibration_for(
     if loaded is None or not loaded.context_tokens or loaded.size_bytes <= 0:
         return None
     cost = estimate_load_cost(
-        profile, context_tokens=loaded.context_tokens, parallel=parallel, type_k=type_k, type_v=type_v,
+        profile, context_tokens=loaded.context_tokens, parallel=parallel, knobs=RunKnobs(type_k=type_k, type_v=type_v)
     )
     return calibrate_from_ps(cost, size_bytes=loaded.size_bytes, size_vram_bytes=loaded.size_vram_bytes)
 

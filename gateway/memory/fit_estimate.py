@@ -27,7 +27,7 @@ from gateway.memory.kv import (
     kv_bytes_per_token,
     parse_cache_type,
 )
-from gateway.memory.load_cost import Calibration, LoadCost, estimate_load_cost
+from gateway.memory.load_cost import DEFAULT_KNOBS, LoadCost, RunKnobs, estimate_load_cost
 from gateway.memory.profile import ModelProfile
 
 UNBOUNDED_CONTEXT = 1 << 20  # search bound when a model does not report its training context
@@ -103,22 +103,21 @@ class Estimate:
         }
 
 
-@dataclass(frozen=True)
-class _Knobs:
-    type_k: CacheType
-    type_v: CacheType
-    unified: bool
-    overhead_bytes: int
-    n_ubatch: int
-    flash_attn: bool
-    calibration: Calibration | None
+@dataclass(frozen=True, slots=True)
+class VramRoom:
+    """The GPU memory a load is weighed against: the device's total, what is free now (None: no reading), and the
+    model's own loaded copy (Ollama /api/ps size_vram), which is available to it."""
 
-    def cost(self, profile: ModelProfile, context_tokens: int, parallel: int) -> LoadCost:
-        return estimate_load_cost(
-            profile, context_tokens=context_tokens, parallel=parallel, type_k=self.type_k, type_v=self.type_v,
-            unified=self.unified, overhead_bytes=self.overhead_bytes, n_ubatch=self.n_ubatch,
-            flash_attn=self.flash_attn, calibration=self.calibration,
-        )
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    resident_bytes: int = 0
+
+
+UNKNOWN_VRAM = VramRoom()
+
+
+def _cost(profile: ModelProfile, knobs: RunKnobs, context_tokens: int, parallel: int) -> LoadCost:
+    return estimate_load_cost(profile, context_tokens=context_tokens, parallel=parallel, knobs=knobs)
 
 
 def available_bytes(free_bytes: int | None, resident_bytes: int, total_bytes: int | None) -> int | None:
@@ -150,17 +149,17 @@ def _largest(lo: int, hi: int, fits: Any) -> int:
     return lo
 
 
-def _max_context(profile: ModelProfile, knobs: _Knobs, parallel: int, free_bytes: int) -> int:
+def _max_context(profile: ModelProfile, knobs: RunKnobs, parallel: int, free_bytes: int) -> int:
     limit = profile.shape.n_ctx_train or UNBOUNDED_CONTEXT
     steps = _largest(
         1, max(1, limit // CTX_PAD_TOKENS),
-        lambda n: knobs.cost(profile, n * CTX_PAD_TOKENS, parallel).total_bytes <= free_bytes,
+        lambda n: _cost(profile, knobs, n * CTX_PAD_TOKENS, parallel).total_bytes <= free_bytes,
     )
     return steps * CTX_PAD_TOKENS
 
 
-def _max_parallel(profile: ModelProfile, knobs: _Knobs, context_tokens: int, free_bytes: int) -> int:
-    return _largest(1, LLAMA_MAX_SEQ, lambda n: knobs.cost(profile, context_tokens, n).total_bytes <= free_bytes)
+def _max_parallel(profile: ModelProfile, knobs: RunKnobs, context_tokens: int, free_bytes: int) -> int:
+    return _largest(1, LLAMA_MAX_SEQ, lambda n: _cost(profile, knobs, context_tokens, n).total_bytes <= free_bytes)
 
 
 def estimate(
@@ -168,19 +167,13 @@ def estimate(
     *,
     context: int,
     parallel: int = 1,
-    type_k: CacheType = CacheType.F16,
-    type_v: CacheType = CacheType.F16,
-    vram_total_bytes: int | None = None,
-    vram_free_bytes: int | None = None,
-    overhead_bytes: int = 0,
-    unified: bool = False,
-    n_ubatch: int = 512,
-    flash_attn: bool = True,
-    calibration: Calibration | None = None,
-    vram_resident_bytes: int = 0,
+    knobs: RunKnobs = DEFAULT_KNOBS,
+    vram: VramRoom = UNKNOWN_VRAM,
 ) -> Estimate:
-    """Breakdown and verdict for ``parallel`` sequences of ``context`` tokens (see load_cost for ``unified``);
-    ``vram_resident_bytes``: the model's own loaded copy (Ollama /api/ps size_vram), available to it."""
+    """Breakdown and verdict for ``parallel`` sequences of ``context`` tokens run with ``knobs`` (see load_cost for
+    ``unified``), against ``vram``."""
+    vram_total_bytes, vram_free_bytes, vram_resident_bytes = vram.total_bytes, vram.free_bytes, vram.resident_bytes
+    unified, type_k, type_v = knobs.unified, knobs.type_k, knobs.type_v
     if context <= 0:
         raise ValueError(f"context is {context} tokens; must be > 0")
     if not 1 <= parallel <= LLAMA_MAX_SEQ:
@@ -189,8 +182,7 @@ def estimate(
         raise ValueError(f"free VRAM is {vram_free_bytes} bytes; must be >= 0")
     if vram_resident_bytes < 0:
         raise ValueError(f"resident VRAM is {vram_resident_bytes} bytes; must be >= 0")
-    knobs = _Knobs(type_k, type_v, unified, overhead_bytes, n_ubatch, flash_attn, calibration)
-    cost = knobs.cost(profile, context, parallel)
+    cost = _cost(profile, knobs, context, parallel)
     warnings = list(profile.all_warnings)
     n_ctx_train = profile.shape.n_ctx_train
     if n_ctx_train and context > n_ctx_train:

@@ -76,24 +76,39 @@ def output_buffer_bytes(profile: ModelProfile, n_parallel: int) -> int:
     return F32_BYTES * n_parallel * (profile.n_vocab or DEFAULT_N_VOCAB)
 
 
+@dataclass(frozen=True, slots=True)
+class RunKnobs:
+    """How the server runs a model, beyond its context and parallel sequences: the KV cache's types, one unified
+    pool or a slot each, a fixed overhead, the micro-batch, flash attention, and a calibration from its own log."""
+
+    type_k: CacheType = CacheType.F16
+    type_v: CacheType = CacheType.F16
+    unified: bool = False
+    overhead_bytes: int = 0
+    n_ubatch: int = 512
+    flash_attn: bool = True
+    calibration: Calibration | None = None
+
+
+DEFAULT_KNOBS = RunKnobs()
+
+
 def estimate_load_cost(
-    profile: ModelProfile,
-    *,
-    context_tokens: int,
-    parallel: int,
-    type_k: CacheType = CacheType.F16,
-    type_v: CacheType = CacheType.F16,
-    unified: bool = False,
-    overhead_bytes: int = 0,
-    n_ubatch: int = 512,
-    flash_attn: bool = True,
-    calibration: Calibration | None = None,
+    profile: ModelProfile, *, context_tokens: int, parallel: int, knobs: RunKnobs = DEFAULT_KNOBS,
 ) -> LoadCost:
     """Cost of loading ``profile`` for ``parallel`` sequences of ``context_tokens`` each.
 
     Split (the default, and what Ollama does): ``-c context*parallel -np parallel``. Unified: one pool of
     ``context_tokens`` shared by ``parallel`` slots (llama-server without -np, or with -kvu).
     """
+    type_k, type_v, unified, n_ubatch, flash_attn = (
+        knobs.type_k,
+        knobs.type_v,
+        knobs.unified,
+        knobs.n_ubatch,
+        knobs.flash_attn,
+    )
+    overhead_bytes, calibration = knobs.overhead_bytes, knobs.calibration
     if overhead_bytes < 0:
         raise ValueError(f"overhead is {overhead_bytes} bytes; must be >= 0")
     ctx_size = context_tokens if unified else context_tokens * parallel

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.loads.standing import plan_unload, residency, residency_json
-from gateway.memory.fit_estimate import estimate
+from gateway.memory.fit_estimate import VramRoom, estimate
 from gateway.memory.presets import preset_profile
 from gateway.memory.sources.ollama import LoadedModel
 
@@ -22,11 +22,15 @@ def test_the_resident_copy_counts_as_available_up_to_the_gpu_total() -> None:
     here = residency("llama3.1:8b", ps)
     assert here.own is ps[0] and here.others == () and here.resident_bytes == 6 * GIB
     assert residency("phi3", [_loaded("phi3:latest", 3.0)]).resident_bytes == 3 * GIB  # same model, Ollama's tag
-    result = estimate(LLAMA_8B, context=8192, vram_total_bytes=24 * GIB, vram_free_bytes=2 * GIB,
-                      vram_resident_bytes=here.resident_bytes)
+    result = estimate(
+        LLAMA_8B,
+        context=8192,
+        vram=VramRoom(total_bytes=24 * GIB, free_bytes=2 * GIB, resident_bytes=here.resident_bytes),
+    )
     assert result.available_bytes == 8 * GIB and result.fits is True
-    stale = estimate(LLAMA_8B, context=8192, vram_total_bytes=24 * GIB, vram_free_bytes=24 * GIB,
-                     vram_resident_bytes=6 * GIB)  # a reading from before the load: never more than the GPU
+    stale = estimate(
+        LLAMA_8B, context=8192, vram=VramRoom(total_bytes=24 * GIB, free_bytes=24 * GIB, resident_bytes=6 * GIB)
+    )  # a reading from before the load: never more than the GPU
     assert stale.available_bytes == 24 * GIB
 
 
@@ -43,7 +47,7 @@ def test_unloads_the_soonest_to_expire_first_and_only_as_many_as_needed() -> Non
     ]
     print(f"\n{'free GiB':>8} {'context':>7} {'total GiB':>9} {'unload':>6}  would_unload")
     for free, context, needs_unload, names in cases:
-        result = estimate(LLAMA_8B, context=context, vram_total_bytes=24 * GIB, vram_free_bytes=free * GIB)
+        result = estimate(LLAMA_8B, context=context, vram=VramRoom(total_bytes=24 * GIB, free_bytes=free * GIB))
         plan = plan_unload(here, result)
         assert plan is not None
         body = residency_json(here, plan)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.memory.fit_estimate import FIT_TARGET_BYTES, estimate, offload, ram_check
+from gateway.memory.fit_estimate import FIT_TARGET_BYTES, VramRoom, estimate, offload, ram_check
 from gateway.memory.host_ram import (
     HostRam,
     HostRamUnavailable,
@@ -99,7 +99,7 @@ def test_ram_cost_of_a_partial_offload_table() -> None:
     ]
     print(f"\n{'VRAM GiB':>9} {'gpu':>4} {'cpu':>4} {'RAM GiB':>8}  verdict on a 32 GiB-available host")
     for vram, cpu_layers in rows:
-        result = estimate(profile, context=131072, parallel=2, vram_total_bytes=vram, vram_free_bytes=vram)
+        result = estimate(profile, context=131072, parallel=2, vram=VramRoom(total_bytes=vram, free_bytes=vram))
         spill = offload(result)
         if cpu_layers is None:
             assert spill is None
@@ -111,17 +111,18 @@ def test_ram_cost_of_a_partial_offload_table() -> None:
         print(f"{vram / GIB:>9.2f} {spill.gpu_layers:>4} {spill.cpu_layers:>4} {spill.ram_bytes / GIB:>8.2f}  "
               f"{check.verdict}")
         assert check.verdict is ram_verdict(spill.ram_bytes, HOST)
-    half = offload(estimate(profile, context=131072, parallel=2, vram_total_bytes=half_vram,
-                            vram_free_bytes=half_vram))
+    half = offload(
+        estimate(profile, context=131072, parallel=2, vram=VramRoom(total_bytes=half_vram, free_bytes=half_vram))
+    )
     assert half is not None  # about half the weights plus half the KV
     assert half.ram_bytes == pytest.approx(cost.weights_bytes / 2 + cost.kv_bytes / 2, rel=1e-6)
 
 
 def test_ram_check_json_and_an_unreadable_host() -> None:
     profile = preset_profile("llama3.1:8b")
-    fits = estimate(profile, context=8192, vram_total_bytes=24 * GIB, vram_free_bytes=24 * GIB)
+    fits = estimate(profile, context=8192, vram=VramRoom(total_bytes=24 * GIB, free_bytes=24 * GIB))
     assert ram_check(fits, lambda: HOST).to_json() == {"ram_bytes": 0}
-    spills = estimate(profile, context=131072, parallel=2, vram_total_bytes=24 * GIB, vram_free_bytes=24 * GIB)
+    spills = estimate(profile, context=131072, parallel=2, vram=VramRoom(total_bytes=24 * GIB, free_bytes=24 * GIB))
     small = replace(HOST, available_bytes=4 * GIB, swap_free_bytes=0)
     body = ram_check(spills, lambda: small).to_json()
     assert body["ram_verdict"] == "would_oom" and body["ram_available_bytes"] == 4 * GIB

@@ -10,6 +10,7 @@ from gateway.memory.kv import CacheType
 from gateway.memory.llama_log import parse_buffers, parse_kv_caches, parse_slots
 from gateway.memory.load_cost import (
     Calibration,
+    RunKnobs,
     apply_calibration,
     calibrate_from_log,
     calibrate_from_ps,
@@ -63,7 +64,9 @@ def test_only_the_last_load_counts() -> None:
 
 
 def test_load_cost_adds_up() -> None:
-    cost = estimate_load_cost(preset_profile("llama3.1:8b"), context_tokens=8192, parallel=2, overhead_bytes=MIB)
+    cost = estimate_load_cost(
+        preset_profile("llama3.1:8b"), context_tokens=8192, parallel=2, knobs=RunKnobs(overhead_bytes=MIB)
+    )
     assert cost.kv_bytes == 2 * GIB
     assert cost.total_bytes == (
         cost.weights_bytes + cost.kv_bytes + cost.compute_bytes + cost.output_bytes + cost.overhead_bytes
@@ -73,19 +76,23 @@ def test_load_cost_adds_up() -> None:
 
 
 def test_unified_pool_is_context_tokens_in_total() -> None:
-    cost = estimate_load_cost(preset_profile("llama3.1:8b"), context_tokens=8192, parallel=4, unified=True)
+    cost = estimate_load_cost(
+        preset_profile("llama3.1:8b"), context_tokens=8192, parallel=4, knobs=RunKnobs(unified=True)
+    )
     assert cost.kv_bytes == 1 * GIB
     assert cost.layout.n_ctx_slot == 8192
 
 
 def test_quantized_cache_and_refusals() -> None:
     profile = preset_profile("llama3.1:8b")
-    q8 = estimate_load_cost(profile, context_tokens=8192, parallel=1, type_k=CacheType.Q8_0, type_v=CacheType.Q8_0)
+    q8 = estimate_load_cost(
+        profile, context_tokens=8192, parallel=1, knobs=RunKnobs(type_k=CacheType.Q8_0, type_v=CacheType.Q8_0)
+    )
     assert q8.kv_bytes == 68 * 1024 * 8192
     with pytest.raises(ValueError, match="must be > 0"):
         estimate_load_cost(profile, context_tokens=0, parallel=1)
     with pytest.raises(ValueError, match="overhead"):
-        estimate_load_cost(profile, context_tokens=1, parallel=1, overhead_bytes=-1)
+        estimate_load_cost(profile, context_tokens=1, parallel=1, knobs=RunKnobs(overhead_bytes=-1))
 
 
 def test_calibration_from_the_recorded_log() -> None:
@@ -97,7 +104,7 @@ def test_calibration_from_the_recorded_log() -> None:
     assert calibrated.compute_bytes == pytest.approx(buffers.compute_bytes, abs=1)
     assert calibrated.weights_bytes == buffers.model_bytes
     assert calibrated.kv_bytes == cost.kv_bytes == buffers.kv_bytes
-    later = estimate_load_cost(profile, context_tokens=4096, parallel=2, calibration=calibration)
+    later = estimate_load_cost(profile, context_tokens=4096, parallel=2, knobs=RunKnobs(calibration=calibration))
     assert later.compute_bytes > calibrated.compute_bytes
 
 
