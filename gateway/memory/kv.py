@@ -244,18 +244,25 @@ def _check_parallel(n_parallel: int) -> None:
         raise ShapeError(f"parallel sequences is {n_parallel}; allowed: 1..{LLAMA_MAX_SEQ}")
 
 
-def llama_server_layout(
-    shape: ModelShape,
-    *,
-    ctx_size: int,
-    n_parallel: int,
-    unified: bool,
-    n_ubatch: int = 512,
-    swa_full: bool = False,
-    kv_unified_per_slot: int | None = None,
-    n_batch: int = 2048,
-) -> KvLayout:
+@dataclass(frozen=True, slots=True)
+class ServerFlags:
+    """The llama-server flags its KV layout follows: ``-c ctx_size`` (0: not given, the model's training context),
+    ``-np n_parallel``, ``-kvu`` (unified), ``-ub n_ubatch``, ``--swa-full``, ``-b n_batch``, and the per-slot size a
+    unified pool was seen to give (``kv_unified_per_slot``, from a log; None: unknown)."""
+
+    ctx_size: int
+    n_parallel: int
+    unified: bool
+    n_ubatch: int = 512
+    swa_full: bool = False
+    kv_unified_per_slot: int | None = None
+    n_batch: int = 2048
+
+
+def llama_server_layout(shape: ModelShape, flags: ServerFlags) -> KvLayout:
     """Cells llama-server allocates for ``-c ctx_size -np n_parallel [-kvu]`` (ctx_size 0 = -c not given)."""
+    ctx_size, n_parallel, unified, n_ubatch = flags.ctx_size, flags.n_parallel, flags.unified, flags.n_ubatch
+    swa_full, kv_unified_per_slot, n_batch = flags.swa_full, flags.kv_unified_per_slot, flags.n_batch
     if ctx_size < 0:
         raise ShapeError(
             f"context size is {ctx_size} tokens; must be >= 0 (0 = the model's training context)"
@@ -352,7 +359,9 @@ def ollama_layout(shape: ModelShape, *, num_ctx: int, num_parallel: int) -> KvLa
     _check_parallel(num_parallel)
     if shape.n_ctx_train > 0:
         num_ctx = min(num_ctx, shape.n_ctx_train)
-    return llama_server_layout(shape, ctx_size=num_ctx * num_parallel, n_parallel=num_parallel, unified=False)
+    return llama_server_layout(
+        shape, ServerFlags(ctx_size=num_ctx * num_parallel, n_parallel=num_parallel, unified=False)
+    )
 
 
 def ollama_kv_cache_bytes(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gateway.memory.kv import CacheType, KvLayout, kv_cache_bytes, llama_server_layout
+from gateway.memory.kv import CacheType, KvLayout, ServerFlags, kv_cache_bytes, llama_server_layout
 from gateway.memory.llama_log import LoggedBuffers
 from gateway.memory.profile import ModelProfile
 
@@ -115,7 +115,7 @@ def estimate_load_cost(
     if context_tokens <= 0:
         raise ValueError(f"context is {context_tokens} tokens; must be > 0")
     layout = llama_server_layout(
-        profile.shape, ctx_size=ctx_size, n_parallel=parallel, unified=unified, n_ubatch=n_ubatch
+        profile.shape, ServerFlags(ctx_size=ctx_size, n_parallel=parallel, unified=unified, n_ubatch=n_ubatch)
     )
     cost = LoadCost(
         weights_bytes=profile.weights_bytes,

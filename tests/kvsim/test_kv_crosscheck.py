@@ -12,6 +12,7 @@ import itertools
 import pytest
 
 from gateway.memory import kv as gw
+from gateway.memory.kv import ServerFlags
 from gateway.memory.metadata import shape_from_metadata
 from gateway.memory.presets import PRESETS, Preset, preset_shape
 from kvsim.catalog import CATALOG, model_info
@@ -69,7 +70,7 @@ def test_llama_server_allocation_agrees(name: str) -> None:
     rows = []
     for ctx, n_par, unified, cache in itertools.product(CONTEXTS, PARALLEL, (True, False), CACHE_TYPES):
         cells = llama_server_cells(sim, ctx_size=ctx, n_parallel=n_par, unified=unified)
-        layout = gw.llama_server_layout(shape, ctx_size=ctx, n_parallel=n_par, unified=unified)
+        layout = gw.llama_server_layout(shape, ServerFlags(ctx_size=ctx, n_parallel=n_par, unified=unified))
         t = gw.parse_cache_type(cache)
         expected = gw.kv_cache_bytes(shape, layout, t, t)
         got = kv_bytes(sim, cells, CacheType(cache))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gateway.memory.kv import (
     CacheType,
     ModelShape,
+    ServerFlags,
     ShapeError,
     bytes_per_token_split,
     kv_bytes_per_token,
@@ -66,7 +69,7 @@ def test_llama_31_8b_bytes_per_token(cache_type: CacheType, bytes_per_token: int
     ("context_tokens", "expected_bytes"), [(8192, 1 * GIB), (32768, 4 * GIB), (131072, 16 * GIB)]
 )
 def test_llama_31_8b_pool_at_context(context_tokens: int, expected_bytes: int) -> None:
-    layout = llama_server_layout(LLAMA_31_8B, ctx_size=context_tokens, n_parallel=1, unified=False)
+    layout = llama_server_layout(LLAMA_31_8B, ServerFlags(ctx_size=context_tokens, n_parallel=1, unified=False))
     assert layout.cells_full == context_tokens
     assert kv_cache_bytes(LLAMA_31_8B, layout, CacheType.F16, CacheType.F16) == expected_bytes
 
@@ -77,9 +80,9 @@ def test_mixed_k_and_v_types() -> None:
 
 def test_one_and_two_sequences_of_16384_tokens() -> None:
     shape = dense_shape(n_layers=32, n_head_kv=8, head_dim=128)
-    one = llama_server_layout(shape, ctx_size=16384, n_parallel=1, unified=False)
+    one = llama_server_layout(shape, ServerFlags(ctx_size=16384, n_parallel=1, unified=False))
     assert kv_cache_bytes(shape, one, CacheType.F16, CacheType.F16) == 2 * 32 * 8 * 128 * 16384 * 2 == 2 * GIB
-    two = llama_server_layout(shape, ctx_size=2 * 16384, n_parallel=2, unified=False)
+    two = llama_server_layout(shape, ServerFlags(ctx_size=2 * 16384, n_parallel=2, unified=False))
     assert kv_cache_bytes(shape, two, CacheType.F16, CacheType.F16) == 4 * GIB
     assert ollama_kv_cache_bytes(
         shape, num_ctx=16384, num_parallel=2, type_k=CacheType.F16, type_v=CacheType.F16
@@ -88,7 +91,7 @@ def test_one_and_two_sequences_of_16384_tokens() -> None:
 
 def test_tiny_model_at_c4096_np2() -> None:
     assert kv_bytes_per_token(TINY) == 256
-    layout = llama_server_layout(TINY, ctx_size=4096, n_parallel=2, unified=False)
+    layout = llama_server_layout(TINY, ServerFlags(ctx_size=4096, n_parallel=2, unified=False))
     assert (layout.cells_full, layout.n_streams, layout.n_ctx_slot, layout.n_ctx_pool) == (
         2048,
         2,
@@ -123,7 +126,7 @@ def test_llama_server_layout(
     streams: int,
 ) -> None:
     layout = llama_server_layout(
-        TINY, ctx_size=ctx_size, n_parallel=n_parallel, unified=unified, kv_unified_per_slot=kv_per_slot
+        TINY, ServerFlags(ctx_size=ctx_size, n_parallel=n_parallel, unified=unified, kv_unified_per_slot=kv_per_slot)
     )
     assert (layout.n_ctx_pool, layout.n_ctx_slot, layout.cells_full, layout.n_streams) == (
         pool,
@@ -142,18 +145,20 @@ def test_swa_cells(unified: bool, n_parallel: int, swa_full: bool, cells_swa: in
     shape = swa_shape(window=1024)
     layout = llama_server_layout(
         shape,
-        ctx_size=8192 * (1 if unified else n_parallel),
-        n_parallel=n_parallel,
-        unified=unified,
-        n_ubatch=512,
-        swa_full=swa_full,
+        ServerFlags(
+            ctx_size=8192 * (1 if unified else n_parallel),
+            n_parallel=n_parallel,
+            unified=unified,
+            n_ubatch=512,
+            swa_full=swa_full,
+        ),
     )
     assert layout.cells_full == 8192
     assert layout.cells_swa == cells_swa
 
 
 def test_swa_cells_never_exceed_the_context() -> None:
-    layout = llama_server_layout(swa_shape(window=4096), ctx_size=2048, n_parallel=1, unified=False)
+    layout = llama_server_layout(swa_shape(window=4096), ServerFlags(ctx_size=2048, n_parallel=1, unified=False))
     assert layout.cells_swa == 2048
 
 
@@ -161,7 +166,7 @@ def test_swa_bytes_split_between_caches() -> None:
     shape = swa_shape(window=1024)
     full, swa = bytes_per_token_split(shape)
     assert (full, swa) == (1 * 4 * 256 * 2 * 2, 5 * 4 * 256 * 2 * 2)
-    layout = llama_server_layout(shape, ctx_size=32768, n_parallel=1, unified=False)
+    layout = llama_server_layout(shape, ServerFlags(ctx_size=32768, n_parallel=1, unified=False))
     assert kv_cache_bytes(shape, layout) == full * 32768 + swa * 1536
 
 
@@ -180,7 +185,7 @@ def test_variable_v_rows_are_padded_without_flash_attention() -> None:
         sliding_window=0,
         n_ctx_train=4096,
     )
-    layout = llama_server_layout(shape, ctx_size=256, n_parallel=1, unified=False)
+    layout = llama_server_layout(shape, ServerFlags(ctx_size=256, n_parallel=1, unified=False))
     with_fa = kv_cache_parts(shape, layout, flash_attn=True)
     without_fa = kv_cache_parts(shape, layout, flash_attn=False)
     assert with_fa.v_full == (16 + 64) * 2 * 256
@@ -206,7 +211,7 @@ def test_mla_has_no_v_and_recurrent_state_is_per_sequence() -> None:
         recurrent_state_bytes_per_seq=1000,
     )
     assert kv_bytes_per_token(mla) == 2 * 576 * 2
-    layout = llama_server_layout(mla, ctx_size=1024, n_parallel=2, unified=False)
+    layout = llama_server_layout(mla, ServerFlags(ctx_size=1024, n_parallel=2, unified=False))
     assert kv_cache_bytes(mla, layout) == 2 * 576 * 2 * 1024 + 2 * 1000
 
 
@@ -232,9 +237,9 @@ def test_parse_cache_type_refuses_with_allowed_values(text: str) -> None:
         ({"ctx_size": 4096, "n_parallel": 257, "unified": True}, r"allowed: 1\.\.256"),
     ],
 )
-def test_layout_refuses_nonsense(kwargs: dict[str, int | bool], message: str) -> None:
+def test_layout_refuses_nonsense(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ShapeError, match=message):
-        llama_server_layout(TINY, **kwargs)  # type: ignore[arg-type]
+        llama_server_layout(TINY, ServerFlags(**kwargs))
 
 
 def test_ollama_clamps_num_ctx_to_the_training_context() -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from gateway.backends.client import BackendClient
 from gateway.backends.prober import LlamaServerProber, detect_backend
-from gateway.memory.kv import CacheType, KvLayout, ModelShape, kv_cache_parts, llama_server_layout
+from gateway.memory.kv import CacheType, KvLayout, ModelShape, ServerFlags, kv_cache_parts, llama_server_layout
 from gateway.memory.llama_log import bytes_to_logged_mib, parse_buffers, parse_kv_caches, parse_slots
 from gateway.memory.load_cost import estimate_compute_bytes, output_buffer_bytes
 from gateway.memory.sources.gguf_file import profile_from_summary
@@ -66,8 +66,14 @@ class Case:
 
     def layout(self, shape: ModelShape) -> KvLayout:
         return llama_server_layout(
-            shape, ctx_size=self.ctx_size or 0, n_parallel=self.parallel or 4, unified=self.unified,
-            swa_full=self.swa_full, kv_unified_per_slot=self.per_slot,
+            shape,
+            ServerFlags(
+                ctx_size=self.ctx_size or 0,
+                n_parallel=self.parallel or 4,
+                unified=self.unified,
+                swa_full=self.swa_full,
+                kv_unified_per_slot=self.per_slot,
+            ),
         )
 
 

@@ -12,6 +12,7 @@ from gateway.memory.kv import (
     MissingMetadataKey,
     ModelShape,
     NullMetadataArray,
+    ServerFlags,
     ShapeError,
     bytes_per_token_split,
     kv_bytes_per_token,
@@ -76,7 +77,7 @@ def test_gemma4_per_layer_heads_and_sliding_window() -> None:
     assert shape.n_layers_with_kv == 30  # shared_kv_layers = 0
     full, swa = bytes_per_token_split(shape)
     assert (full, swa) == (5 * 2 * 512 * 2 * 2, 25 * 8 * 256 * 2 * 2)
-    layout = llama_server_layout(shape, ctx_size=0, n_parallel=4, unified=True)
+    layout = llama_server_layout(shape, ServerFlags(ctx_size=0, n_parallel=4, unified=True))
     assert (layout.cells_full, layout.cells_swa, layout.n_ctx_slot) == (262144, 4608, 262144)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.memory.kv import ModelShape, ShapeError, llama_server_layout
+from gateway.memory.kv import ModelShape, ServerFlags, ShapeError, llama_server_layout
 from gateway.memory.profile import ModelProfile, ProfileSource
 from gateway.memory.sources.common import ProfileError, as_int, n_ff_from, n_vocab_from, quantization_name
 from gateway.support.gguf_reader import GgufSummary
@@ -130,7 +130,7 @@ def check_unified(
     shape = _context_only_shape(n_ctx_train)
     predicted = {
         unified: llama_server_layout(
-            shape, ctx_size=configured_ctx_size, n_parallel=props.total_slots, unified=unified
+            shape, ServerFlags(ctx_size=configured_ctx_size, n_parallel=props.total_slots, unified=unified)
         ).n_ctx_slot
         for unified in (True, False)
     }
