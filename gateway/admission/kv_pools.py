@@ -55,7 +55,7 @@ from gateway.loads.offload import Offloads
 from gateway.memory.fit_estimate import VramRoom, estimate
 from gateway.memory.kv import CTX_PAD_TOKENS
 from gateway.memory.load_cost import RunKnobs
-from gateway.memory.sources.ollama import LoadedModel
+from gateway.memory.sources.ollama_answers import LoadedModel
 from gateway.memory.vram import VramUnavailable
 from gateway.runtimes import PoolSource, runtime_for
 

@@ -26,7 +26,7 @@ from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
 from gateway.memory.ollama_slots import ONE_SEQUENCE_ARCHITECTURES, SlotInference, infer_ollama_slots
 from gateway.memory.profile import ModelProfile
-from gateway.memory.sources.ollama import LoadedModel
+from gateway.memory.sources.ollama_answers import LoadedModel
 
 log = logging.getLogger("gateway.admission.kv_pools")
 

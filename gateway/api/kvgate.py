@@ -35,7 +35,7 @@ from gateway.memory.fit_estimate import VramRoom, estimate, parse_fit_params, ra
 from gateway.memory.host_ram import read_host_ram
 from gateway.memory.load_cost import Calibration, RunKnobs
 from gateway.memory.profile import ModelProfile
-from gateway.memory.sources.ollama import LoadedModel
+from gateway.memory.sources.ollama_answers import LoadedModel
 from gateway.memory.vram import VramReading, VramUnavailable
 from gateway.observability.outcomes import OutcomeTally
 from gateway.observability.pool_layout import pool_label

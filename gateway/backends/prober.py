@@ -19,7 +19,7 @@ from gateway.backends.client import BackendCallError, BackendClient, find_model
 from gateway.domain import BackendKind
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.common import ProfileError
-from gateway.memory.sources.llamacpp import (
+from gateway.memory.sources.llama_server_answers import (
     ServerProps,
     SlotState,
     check_unified,
@@ -28,7 +28,7 @@ from gateway.memory.sources.llamacpp import (
     parse_slots,
     profile_from_llama_server,
 )
-from gateway.memory.sources.ollama import (
+from gateway.memory.sources.ollama_answers import (
     LoadedModel,
     TagEntry,
     needs_verbose,

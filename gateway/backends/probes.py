@@ -20,8 +20,8 @@ from gateway.backends.vram_exporter import ExporterSource
 from gateway.memory.presets import find_preset, preset_profile
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.gguf_file import profile_from_gguf
-from gateway.memory.sources.llamacpp import ServerProps
-from gateway.memory.sources.ollama import LoadedModel
+from gateway.memory.sources.llama_server_answers import ServerProps
+from gateway.memory.sources.ollama_answers import LoadedModel
 from gateway.memory.vram import CachedVramSource, StaticVramSource, VramReading, VramSource
 from gateway.memory.vram_nvml import nvml_source
 

@@ -38,7 +38,7 @@ from gateway.memory.load_cost import RunKnobs
 from gateway.memory.presets import find_preset, preset_names, preset_profile
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.gguf_file import profile_from_gguf
-from gateway.memory.sources.ollama import LoadedModel
+from gateway.memory.sources.ollama_answers import LoadedModel
 from gateway.memory.vram import StaticVramSource, VramReading, VramUnavailable, parse_size
 from gateway.memory.vram_nvml import nvml_source
 from gateway.runtimes import runtime_for

@@ -64,7 +64,7 @@ from gateway.loads.plan import (
 from gateway.loads.preview import RESIDENT, LoadPreview, preview_of
 from gateway.memory.load_cost import RunKnobs, estimate_load_cost
 from gateway.memory.profile import ModelProfile
-from gateway.memory.sources.ollama import default_context_tokens
+from gateway.memory.sources.ollama_answers import default_context_tokens
 from gateway.memory.vram import VramUnavailable
 from gateway.support.single_flight import SingleFlight
 

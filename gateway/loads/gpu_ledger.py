@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gateway.memory.load_cost import LoadCost
-from gateway.memory.sources.ollama import LoadedModel
+from gateway.memory.sources.ollama_answers import LoadedModel
 from gateway.memory.vram import DeviceMemory, VramReading
 
 

@@ -25,7 +25,7 @@ from gateway.memory.fit_estimate import Estimate, available_cap_bytes
 from gateway.memory.kv import CacheType
 from gateway.memory.load_cost import Calibration, RunKnobs, calibrate_from_ps, estimate_load_cost
 from gateway.memory.profile import ModelProfile
-from gateway.memory.sources.ollama import LoadedModel
+from gateway.memory.sources.ollama_answers import LoadedModel
 
 
 @dataclass(frozen=True)

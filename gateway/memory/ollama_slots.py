@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from gateway.memory.estimate_table import format_bytes
 from gateway.memory.kv import CacheType, ShapeError, ollama_kv_cache_bytes
 from gateway.memory.profile import ModelProfile
-from gateway.memory.sources.ollama import LoadedModel
+from gateway.memory.sources.ollama_answers import LoadedModel
 
 MAX_SLOTS = 32
 """The most sequences an inference names (OLLAMA_NUM_PARALLEL beyond that is set, not inferred)."""

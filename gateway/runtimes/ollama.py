@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from gateway.backends.probes import BackendProbes
     from gateway.backends.registry import Backend
     from gateway.memory.profile import ModelProfile
-    from gateway.memory.sources.ollama import LoadedModel
+    from gateway.memory.sources.ollama_answers import LoadedModel
     from gateway.tokens.backend_tokenize import TokenizeEndpoints
     from gateway.tokens.chain import CounterChain
     from gateway.tokens.count import Counter

@@ -29,7 +29,7 @@ from gateway.config.settings import load_settings
 from gateway.domain import BackendKind, Dialect, Operation, ParsedRequest
 from gateway.errors import BadRequest
 from gateway.memory.profile import ModelProfile
-from gateway.memory.sources.ollama import LoadedModel
+from gateway.memory.sources.ollama_answers import LoadedModel
 from gateway.runtimes import runtime_for
 from gateway.tokens import TokenCount
 from gateway.tokens.prompt_counter import PromptCounter

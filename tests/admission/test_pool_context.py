@@ -15,7 +15,7 @@ from gateway.config.settings import BackendSettings, load_settings
 from gateway.errors import BackendNotReady
 from gateway.memory.presets import preset_profile
 from gateway.memory.profile import ModelProfile
-from gateway.memory.sources.ollama import LoadedModel
+from gateway.memory.sources.ollama_answers import LoadedModel
 from gateway.memory.vram import StaticVramSource, VramReading
 from gateway.runtimes import runtime_for
 

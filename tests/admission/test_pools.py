@@ -19,8 +19,8 @@ from gateway.config.settings import Settings, load_settings
 from gateway.domain import BackendKind
 from gateway.errors import BackendNotReady
 from gateway.memory.profile import ModelProfile
-from gateway.memory.sources.llamacpp import ServerProps
-from gateway.memory.sources.ollama import LoadedModel
+from gateway.memory.sources.llama_server_answers import ServerProps
+from gateway.memory.sources.ollama_answers import LoadedModel
 from gateway.runtimes import runtime_for
 from tests.support.clock import FakeClock
 

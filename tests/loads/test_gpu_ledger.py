@@ -21,7 +21,7 @@ from gateway.loads.gpu_ledger import (
 )
 from gateway.memory.load_cost import estimate_load_cost
 from gateway.memory.presets import preset_profile
-from gateway.memory.sources.ollama import LoadedModel
+from gateway.memory.sources.ollama_answers import LoadedModel
 from gateway.memory.vram import DeviceMemory, VramReading
 
 GIB = 1 << 30

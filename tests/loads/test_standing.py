@@ -5,7 +5,7 @@ from __future__ import annotations
 from gateway.loads.standing import plan_unload, residency, residency_json
 from gateway.memory.fit_estimate import VramRoom, estimate
 from gateway.memory.presets import preset_profile
-from gateway.memory.sources.ollama import LoadedModel
+from gateway.memory.sources.ollama_answers import LoadedModel
 
 GIB = 1024**3
 LLAMA_8B = preset_profile("llama3.1:8b")  # ~5.6 GiB at 8192 tokens, ~21 GiB at 131072

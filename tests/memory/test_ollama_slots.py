@@ -17,7 +17,7 @@ import pytest
 from gateway.memory.kv import CacheType
 from gateway.memory.ollama_slots import MAX_SLOTS, SlotInference, infer_ollama_slots
 from gateway.memory.profile import ModelProfile
-from gateway.memory.sources.ollama import LoadedModel, profile_from_show
+from gateway.memory.sources.ollama_answers import LoadedModel, profile_from_show
 from kvsim.catalog import CATALOG, ModelSpec, model_info
 from kvsim.config import SimConfig
 from kvsim.gpu.vgpu import GIB

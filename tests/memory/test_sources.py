@@ -11,7 +11,7 @@ import pytest
 from gateway.memory.kv import kv_bytes_per_token
 from gateway.memory.presets import preset_profile
 from gateway.memory.sources.common import ProfileError, quantization_name, tensor_bytes
-from gateway.memory.sources.llamacpp import (
+from gateway.memory.sources.llama_server_answers import (
     ServerProps,
     check_unified,
     parse_models,
@@ -19,7 +19,13 @@ from gateway.memory.sources.llamacpp import (
     parse_slots,
     profile_from_llama_server,
 )
-from gateway.memory.sources.ollama import modelfile_num_ctx, needs_verbose, parse_ps, parse_tags, profile_from_show
+from gateway.memory.sources.ollama_answers import (
+    modelfile_num_ctx,
+    needs_verbose,
+    parse_ps,
+    parse_tags,
+    profile_from_show,
+)
 from tests.support.fake_backend import show_answer
 
 DATA = Path(__file__).parent / "data"

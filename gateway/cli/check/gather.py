@@ -17,8 +17,13 @@ from gateway.cli.check.backend_log import LogSettings
 from gateway.cli.check.readings import BackendReadings, ResidentModel, resolve_settings
 from gateway.config.settings import BackendSettings
 from gateway.memory.sources.common import ProfileError
-from gateway.memory.sources.llamacpp import parse_models, parse_props, parse_slots, profile_from_llama_server
-from gateway.memory.sources.ollama import parse_ps, parse_tags, profile_from_show
+from gateway.memory.sources.llama_server_answers import (
+    parse_models,
+    parse_props,
+    parse_slots,
+    profile_from_llama_server,
+)
+from gateway.memory.sources.ollama_answers import parse_ps, parse_tags, profile_from_show
 from gateway.memory.vram import VramUnavailable
 from gateway.runtimes import runtime_for
 from gateway.support.gguf_reader import read_gguf

@@ -17,8 +17,8 @@ from gateway.config.settings import BackendSettings
 from gateway.memory.host_ram import HostRam
 from gateway.memory.kv import CacheType
 from gateway.memory.profile import ModelProfile
-from gateway.memory.sources.llamacpp import ServerProps, SlotState
-from gateway.memory.sources.ollama import LoadedModel
+from gateway.memory.sources.llama_server_answers import ServerProps, SlotState
+from gateway.memory.sources.ollama_answers import LoadedModel
 from gateway.memory.vram import VramReading
 
 T = TypeVar("T")

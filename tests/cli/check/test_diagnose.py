@@ -13,7 +13,7 @@ from gateway.cli.check.readings import BackendReadings, BackendSettingsSeen, Hos
 from gateway.cli.check.report import exit_code
 from gateway.domain import BackendKind
 from gateway.memory.host_ram import HostRam
-from gateway.memory.sources.llamacpp import ServerProps
+from gateway.memory.sources.llama_server_answers import ServerProps
 from gateway.observability.pool_layout import pool_label
 
 GIB = 1 << 30
