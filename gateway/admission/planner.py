@@ -100,6 +100,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.admission.types import (
     Admit,
@@ -111,7 +112,7 @@ from gateway.admission.types import (
     RequestCost,
     Wait,
 )
-from gateway.domain import Rewrites
+from gateway.domain import BackendKind, Rewrites
 from gateway.runtimes import runtime_for
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
@@ -196,10 +197,14 @@ class _Fit:
     notes: tuple[str, ...] = ()
 
 
+_RELOADS_ON_NUM_CTX = frozenset(kind for kind in BackendKind if runtime_for(kind).reloads_on_num_ctx)
+"""The kinds whose runtime reloads a model for another num_ctx, asked once (plan() runs per decision)."""
+
+
 def _context(cost: RequestCost, pool: PoolSpec, policy: Policy) -> _Fit:
     loaded = pool.slot_ctx_tokens
     asked = cost.requested_num_ctx
-    if not runtime_for(pool.backend_kind).reloads_on_num_ctx or asked == loaded:
+    if pool.backend_kind not in _RELOADS_ON_NUM_CTX or asked == loaded:
         return _Fit(loaded)
     if asked is None:
         if not policy.pin_num_ctx:
@@ -219,9 +224,8 @@ def _together_room(cost: RequestCost, pool: PoolSpec, running: list[int], sequen
     return (pool.pool_tokens - sum(running) * cost.sequences) // sequences
 
 
-@dataclass(frozen=True, slots=True)
-class _Sizes:
-    """The sizes the output is fitted to, in tokens."""
+class _Sizes(NamedTuple):
+    """The sizes the output is fitted to, in tokens (a tuple: built once per decision, on the hot path)."""
 
     prompt_tokens: int
     """The (longest) prompt's."""
