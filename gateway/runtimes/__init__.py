@@ -25,7 +25,7 @@ planner asks them; runtime.py says how).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from gateway.domain import BackendKind
 from gateway.runtimes.llama_server import LlamaServerRuntime
@@ -41,15 +41,19 @@ _RUNTIMES: dict[BackendKind, Runtime] = {
     BackendKind.LLAMA_SERVER: LlamaServerRuntime(),
     BackendKind.OPENAI: OpenAICompatRuntime(),
 }
+_RUNTIME_TYPES = frozenset(type(runtime) for runtime in _RUNTIMES.values())
 
 
 def runtime_for(kind_or_backend: BackendKind | Backend) -> Runtime:
     """The runtime of a kind of backend, or the one a backend carries (the one its registry wired: its kind's, or
     whatever a test gave it), so the packages above and below ask one runtime per backend."""
-    if isinstance(kind_or_backend, BackendKind):
-        return _RUNTIMES[kind_or_backend]
-    carried = kind_or_backend.runtime
-    return carried if isinstance(carried, Runtime) else _RUNTIMES[kind_or_backend.kind]
+    if type(kind_or_backend) is BackendKind:  # exact types first: this runs several times a request, and an ABC's
+        return _RUNTIMES[kind_or_backend]      # isinstance costs a call of its own
+    backend = cast("Backend", kind_or_backend)
+    carried = backend.runtime
+    if type(carried) in _RUNTIME_TYPES or isinstance(carried, Runtime):
+        return cast(Runtime, carried)
+    return _RUNTIMES[backend.kind]
 
 
 __all__ = ["PoolSource", "Runtime", "SequenceRule", "runtime_for"]
