@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gateway import dialects
+from gateway.admission.elastic import Growth
 from gateway.admission.exchange import Exchange, RequestBody, RequestFacts
 from gateway.admission.outcome import response_headers
 from gateway.admission.shared.fencing import FenceSignal, fenced
@@ -41,6 +42,7 @@ from gateway.admission.step import AdmissionStep, Admitted, Refused
 from gateway.admission.tenant_keys import ADMIN_TENANT, Tenant, TenantDirectory
 from gateway.backends import Backend, BackendRegistry
 from gateway.config.reload import LiveSettings
+from gateway.dialects.stream_end import StreamEnding
 from gateway.domain import Operation
 from gateway.edge.body.budget import BodyBudget, BodyLease
 from gateway.edge.body.json_bound import decode_bounded
@@ -81,6 +83,8 @@ class Forwarding:
     wait_restart: bool = True
     catch_oom: bool = False
     fence: FenceSignal | None = None
+    growth: Growth | None = None
+    """An elastic reservation, fed the reply's events as it streams (it may end the reply: admission/elastic.py)."""
 
 
 PLAIN = Forwarding()
@@ -289,7 +293,9 @@ class Proxy:
         assert backend is not None and outcome is not None
         checked = usage_counts_prompt(parsed, exchange.count)  # the reply's usage is checked for a truncation
         counted = checked or (exchange.rate_charge is not None and exchange.rate_charge.counts_tokens)
-        observer = UsageObserver() if counted else None
+        # a unified pool's answers are measured for elastic reservations (admission/output_lengths.py)
+        learns = admitted.pool is not None and admitted.pool.unified
+        observer = UsageObserver() if counted or learns or admitted.growth is not None else None
         if observer is not None:
             exchange.usage = observer  # read once the request is over: the rate's settlement
         notice = None if admitted.pool is None or admitted.fit is None else reply_notice(
@@ -301,7 +307,7 @@ class Proxy:
             with fenced(self._step.fences(), admitted.lease) as fence:  # shared ledger: ended before it expires
                 response = await self._forward(exchange, admitted.body, headers, Forwarding(
                     observer, truncation, notice, wait_restart=wait_restart,  # else: the next backend
-                    catch_oom=admitted.catches_oom, fence=fence))
+                    catch_oom=admitted.catches_oom, fence=fence, growth=admitted.growth))
         except (BackendUnavailable, BackendTimeout) as exc:  # nothing was sent: the client waits on
             raise BackendFailed(backend, exc) from None
         except GpuOutOfMemory as oom:
@@ -313,8 +319,13 @@ class Proxy:
             raise
         finally:
             admitted.release(out_of_memory=out_of_memory)
+            if admitted.growth is not None:
+                exchange.streamed_tokens = admitted.growth.output_tokens
+                exchange.elastic_end = admitted.growth.ended
         if observer is not None and response.status == 200:
             exchange.output_tokens = observer.output_tokens()
+            if exchange.streamed_tokens is None and observer.streamed_chunks:
+                exchange.streamed_tokens = observer.streamed_chunks  # a stream without usage: its events
         if checked and observer is not None and response.status == 200:
             await self._checks.observe(parsed, backend, outcome, observer.prompt_tokens(), exchange.model or "")
         return response
@@ -361,7 +372,9 @@ class Proxy:
             relayed = await relay(request, upstream, RelayPlan(
                 exchange.facts.dialect, request_id, backend.describe(), backend.settings.timeouts.idle_s, extra,
                 coalesce_s=self._live.settings.server.stream_coalesce_s, observer=how.observer,
-                truncation=how.truncation if how.observer is not None else None, notice=how.notice, fence=how.fence))
+                truncation=how.truncation if how.observer is not None else None, notice=how.notice, fence=how.fence,
+                growth=how.growth, ending=None if how.growth is None else StreamEnding(
+                    exchange.facts.dialect, exchange.parsed.operation, exchange.parsed.model or "", request_id)))
         finally:
             upstream.close()
         if relayed.cut is not None:  # the answer broke off mid-way: take the backend out (routing.down_s)

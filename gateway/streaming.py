@@ -39,8 +39,10 @@ import aiohttp
 from aiohttp import web
 
 from gateway import dialects
+from gateway.admission.elastic import Growth
 from gateway.admission.shared.fencing import FenceSignal
 from gateway.backends.client import broken_off
+from gateway.dialects.stream_end import StreamEnding, stream_end_event
 from gateway.domain import Dialect
 from gateway.edge.headers import downstream_response_headers, stream_kind
 from gateway.edge.serving import CONNECTIONS
@@ -48,6 +50,7 @@ from gateway.errors import BackendTimeout, GatewayError
 from gateway.notice import Notice, NoticeStream
 from gateway.observability.reply_checks import TruncationCheck, truncation_header
 from gateway.observability.usage import UsageObserver
+from gateway.support.hop_headers import NDJSON
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,11 @@ class RelayPlan:
     fence: FenceSignal | None = None
     """The shared ledger may end the request (``gateway.admission.shared.fencing``): a stream then gets the
     fence's error as its final event."""
+    growth: Growth | None = None
+    """An elastic reservation (``gateway.admission.elastic``): fed the stream's events as they come (needs
+    ``observer``, which counts them); when kvgate ends the reply, the stream stops at an event boundary and gets
+    ``ending``'s normal final event."""
+    ending: StreamEnding | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +110,15 @@ class Relayed:
     cut: str | None = None
     """Why the backend's stream broke off after the answer began (the connection dropped, or it went silent for
     ``idle_s``): too late to retry, but the backend is suspect. None when it ended whole (or the fence ended it)."""
+    ended: str | None = None
+    """Why kvgate ended the reply itself (an elastic reservation with no room to grow); None: it did not."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """What ``pump`` returns when kvgate ended the reply (``RelayPlan.growth``): the reason, for the final event."""
+
+    reason: str
 
 
 async def relay(request: web.Request, upstream: aiohttp.ClientResponse, plan: RelayPlan) -> Relayed:
@@ -153,6 +170,8 @@ async def relay(request: web.Request, upstream: aiohttp.ClientResponse, plan: Re
     if error is None:
         await response.write_eof(rewriter.end() if rewriter is not None else b"")
         return Relayed(response)
+    if isinstance(error, Ended):
+        return await _end_cleanly(response, plan, error, rewriter)
     fenced = fence is not None and fence.error is error  # the backend is not to blame
     log.warning("stream ended by the shared ledger's fence: %s" if fenced else "stream from backend ended early: %s",
                 error.message)
@@ -167,6 +186,20 @@ async def relay(request: web.Request, upstream: aiohttp.ClientResponse, plan: Re
     elif request.transport is not None:
         request.transport.close()
     return Relayed(response, cut=None if fenced else error.message)
+
+
+async def _end_cleanly(response: web.StreamResponse, plan: RelayPlan, ended: Ended,
+                       rewriter: NoticeStream | None) -> Relayed:
+    """kvgate ended the reply: the stream gets a normal final event naming why (``dialects.stream_end``)."""
+    try:
+        if rewriter is not None:
+            await response.write(rewriter.end())
+        if plan.ending is not None:
+            await response.write(stream_end_event(plan.ending, ended.reason))
+        await response.write_eof()
+    except ConnectionError:
+        log.info("client disconnected before kvgate's final event could be sent")
+    return Relayed(response, ended=ended.reason)
 
 
 async def _hold(
@@ -258,7 +291,7 @@ class _IdleWatchdog:
 async def pump(
     upstream: aiohttp.ClientResponse, response: web.StreamResponse, plan: RelayPlan, *, write_s: float = math.inf,
     rewriter: NoticeStream | None = None,
-) -> GatewayError | None:
+) -> GatewayError | Ended | None:
     """Copy chunks until the backend's body ends, coalescing fast ones (module docstring); returns the backend's
     failure, if any. Raises ``ClientGone`` when the client left, ``ClientStalled`` when a write did not drain
     within ``write_s``. With a ``rewriter``, the client gets what it makes of each chunk (the plan's observer, the
@@ -271,6 +304,10 @@ async def pump(
     assert task is not None
     watchdog = _IdleWatchdog(loop, idle_s, task.cancel, write_s)
     last_write_s = -math.inf
+    growth = plan.growth if observer is not None else None
+    events = None if growth is None else _EventEdges(stream_kind(upstream.headers.get("Content-Type", "")))
+    if growth is not None:
+        growth.interrupt = task.cancel  # another reply's growth may end this one (admission/elastic.py)
     try:
         while True:
             chunk = b""
@@ -290,10 +327,17 @@ async def pump(
                 if not chunk:
                     return error
             if not chunk:
+                if events is not None:  # the body ended after a chunk that did not say so: what was held goes now
+                    await _write_last(response, events.whole(b"", True), watchdog)
                 return None
             if observer is not None:
                 observer.feed(chunk)
             at_end = error is None and content.at_eof()
+            if events is not None and growth is not None:
+                chunk = events.whole(chunk, at_end)  # written up to an event's end, so kvgate can end it cleanly
+                if not growth.seen(observer.streamed_chunks if observer is not None else 0):
+                    await _write_last(response, chunk if rewriter is None else rewriter.feed(chunk), watchdog)
+                    return Ended(growth.ended or "kvgate ended the reply")
             if rewriter is not None:
                 chunk = rewriter.feed(chunk) + (rewriter.end() if at_end else b"")
             watchdog.start_write()
@@ -310,6 +354,9 @@ async def pump(
                 return error
             last_write_s = watchdog.last_s = loop.time()
     except asyncio.CancelledError:
+        if growth is not None and growth.ended is not None and watchdog.fired is None:
+            task.uncancel()  # another reply's growth ended this one: what was copied ends at an event boundary
+            return Ended(growth.ended)
         fenced = None if fence is None or watchdog.fired is not None else fence.absorb()
         if fenced is not None:
             return fenced
@@ -321,3 +368,39 @@ async def pump(
         return BackendTimeout(f"{backend_label} stalled: no data for {idle_s:g} s (timeouts.idle_s)")
     finally:
         watchdog.cancel()
+        if growth is not None:
+            growth.interrupt = None
+
+
+async def _write_last(response: web.StreamResponse, chunk: bytes, watchdog: _IdleWatchdog) -> None:
+    """The events that came before kvgate ended the reply."""
+    if not chunk:
+        return
+    watchdog.start_write()
+    try:
+        await response.write(chunk)
+    except ConnectionError:
+        raise ClientGone from None
+    watchdog.writing_since = None
+
+
+class _EventEdges:
+    """Holds back the part of a chunk after its last whole event (NDJSON line, SSE event), so every write ends at
+    an event boundary; the bytes and their order are unchanged. A server whose events kvgate can't find is passed
+    through once ``MAX_PARTIAL_BYTES`` are held (its reply then can't be ended cleanly, only closed)."""
+
+    MAX_PARTIAL_BYTES = 64 * 1024
+    __slots__ = ("_held", "_separators")
+
+    def __init__(self, kind: str | None) -> None:
+        self._separators = (b"\n",) if kind == NDJSON else (b"\n\n", b"\r\n\r\n")
+        self._held = b""
+
+    def whole(self, chunk: bytes, at_end: bool) -> bytes:
+        data = self._held + chunk if self._held else chunk
+        if at_end or len(data) > self.MAX_PARTIAL_BYTES:
+            self._held = b""
+            return data
+        edge = max(data.rfind(sep) + len(sep) if data.rfind(sep) >= 0 else 0 for sep in self._separators)
+        self._held = data[edge:]
+        return data[:edge]

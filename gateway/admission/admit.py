@@ -15,11 +15,15 @@ from typing import Any
 
 from gateway import dialects
 from gateway.admission import AdmissionRejected, Permit, Policy, PoolSpec, RequestCost, Rewrites, WaitingRoom
+from gateway.admission.elastic import ElasticPools
 from gateway.admission.kv_pools import PoolDirectory
 from gateway.admission.outcome import AdmissionOutcome, Granted, Reserved, SummaryNote, Trim
-from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED
+from gateway.admission.output_lengths import OutputLengths
+from gateway.admission.planner import CONTEXT_LENGTH_EXCEEDED, reserved_prompt_tokens
 from gateway.admission.tenant_keys import Tenant, tenant_policy
+from gateway.admission.types import PoolKey
 from gateway.config.settings import AdmissionSettings
+from gateway.dialects.stream_end import endable
 from gateway.domain import NO_OUTPUT_OPERATIONS, Operation, ParsedRequest
 from gateway.errors import BadRequest
 from gateway.fitting.chat_fit import trim_chat
@@ -62,6 +66,8 @@ def policy_from(config: AdmissionSettings) -> Policy:
         overtake_window_s=config.overtake_window_s,
         fair_queueing=config.queue_order == "fair",
         max_queue_share=config.max_queue_share,
+        elastic_watermark=config.elastic.admit_watermark if config.elastic.enabled else None,
+        elastic_floor_tokens=config.elastic.floor_tokens,
     )
 
 
@@ -175,6 +181,9 @@ class Admitter:
         self.room = room
         self._loads = loads
         self._summaries = summaries
+        self.lengths = OutputLengths()
+        """The answers each pool's model gave lately (elastic reservations reserve a high quantile of them)."""
+        self.elastic = ElasticPools(room.grow)
         self.reconfigure(config)
 
     def reconfigure(self, config: AdmissionSettings) -> None:
@@ -184,6 +193,23 @@ class Admitter:
         self._policy = policy_from(config)
         self._default_fit = replace(DEFAULT_FIT, remedies=("trim", "refuse") if config.on_too_long == "trim"
                                     else ("refuse",))
+        self.lengths.resize(config.elastic.window, config.elastic.min_samples)
+        self.elastic.step_tokens = config.elastic.step_tokens
+
+    def _expected_output(self, parsed: ParsedRequest, pool: PoolSpec, tenant: Tenant) -> int | None:
+        """What the request's answer will likely take, for an elastic reservation (planner rule 7): only for a
+        reply kvgate can follow token by token and end cleanly (a stream of one sequence in a dialect it counts,
+        on a unified pool, with no shared ledger: growth is this replica's); None: the whole limit is reserved."""
+        elastic = self._config.elastic
+        if (not elastic.enabled or not pool.unified or not parsed.stream or parsed.sequences != 1
+                or not endable(parsed.dialect, parsed.operation)
+                or self.room.shared is not None):
+            return None
+        return self.lengths.expected(pool.key, tenant.name, elastic.quantile)
+
+    def observed(self, key: PoolKey, tenant: str, output_tokens: int) -> None:
+        """An answer on the pool ran ``output_tokens``: the distribution the next reservations read."""
+        self.lengths.observe(key, tenant, output_tokens)
 
     @property
     def enabled(self) -> bool:
@@ -212,6 +238,9 @@ class Admitter:
         if pool is None:
             return _tenant_capped(parsed, raw, limit if capped else None, outcome)
         cost = request_cost(parsed, pool, count, tenant, limit)
+        expected = self._expected_output(parsed, pool, tenant)
+        if expected is not None:
+            cost = replace(cost, expected_output_tokens=expected)
         policy = tenant_policy(self._policy, tenant)
         if deadline is not None and deadline[0] < policy.queue_timeout_s:  # a deadline shortens the wait only
             policy = replace(policy, queue_timeout_s=deadline[0], queue_limit_name=f"the request's {deadline[1]}")
@@ -236,13 +265,15 @@ class Admitter:
         outcome = replace(
             outcome, recount=fitted.recount or outcome.recount, rewrites=tuple(changes), trim=fitted.trim,
             summary=fitted.summary,
-            waited_s=permit.waited_s, reserved=Reserved(pool.key, admit.reserve_tokens, admit.sequences),
+            waited_s=permit.waited_s,
+            reserved=Reserved(pool.key, admit.reserve_tokens, admit.sequences, admit.limit_tokens),
             notes=(*outcome.notes, *self._pools.notes_for(pool),
                    *runtime_for(pool.backend_kind).ignored_n_note(parsed.sequences), *admit.notes),
             context_lowered=None if lowered is None else (lowered.asked_tokens, lowered.loaded_tokens),
             offload=self._pools.offload_for(pool),
         )
-        return Granted(forwarded, outcome, permit)
+        growth = self.elastic.start(permit, pool, reserved_prompt_tokens(fitted.cost, policy))
+        return Granted(forwarded, outcome, permit, growth)
 
     async def _acquire_fitting(
         self, parsed: ParsedRequest, pool: PoolSpec, cost: RequestCost, policy: Policy,

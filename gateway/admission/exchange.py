@@ -91,6 +91,10 @@ class Exchange:
     deadline: tuple[float, str] | None = None
     """The client's own limit on its wait (seconds, and the header that set it), read when admission needs it."""
     output_tokens: int | None = None
+    streamed_tokens: int | None = None
+    """Output tokens an elastic reply streamed (its events), as kvgate counted them."""
+    elastic_end: str | None = None
+    """Why kvgate ended an elastic reply before the backend did (``admission.elastic``); None: it did not."""
     refusal: str | None = None
     """Why kvgate refused it, as a bounded label (``tenant_usage.refusal_reason``)."""
     summary_failure: str | None = None

@@ -110,6 +110,20 @@ class Ledger:
             del self._books[reservation.key]
         return True
 
+    def resize(self, reservation: Reservation, tokens: int) -> Reservation | None:
+        """The live reservation holding ``tokens`` instead (an elastic reply's growth): the new one, which replaces it
+        (same id; release that one from now on), or None when it is not live."""
+        book = self._books.get(reservation.key)
+        if book is None or book.live.get(reservation.id) is not reservation:
+            return None
+        if tokens < 0:
+            raise ValueError(f"a reservation of {tokens} tokens; it can't be negative")
+        resized = Reservation(reservation.id, reservation.key, tokens, reservation.tenant, reservation.sequences)
+        book.live[reservation.id] = resized
+        book.reserved_tokens += tokens - reservation.tokens
+        book.per_tenant_tokens[reservation.tenant] += tokens - reservation.tokens
+        return resized
+
     def is_live(self, reservation: Reservation) -> bool:
         book = self._books.get(reservation.key)
         return book is not None and book.live.get(reservation.id) is reservation

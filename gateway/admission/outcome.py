@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from gateway.admission.elastic import Growth
 from gateway.admission.permit import Permit
 from gateway.admission.types import PoolKey
 from gateway.fitting.trim import describe_trim
@@ -86,6 +87,8 @@ class Reserved:
     pool: PoolKey
     tokens: int
     sequences: int
+    limit_tokens: int | None = None
+    """An elastic reservation: the most ``tokens`` may grow to as the reply streams (``elastic``); None: fixed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +157,8 @@ class Granted:
     body: bytes
     outcome: AdmissionOutcome
     permit: Permit | None = None
+    growth: Growth | None = None
+    """The reply's elastic reservation, followed as it streams (``elastic``); None: a fixed one, or none."""
 
     @property
     def lease(self) -> int | None:
@@ -235,6 +240,8 @@ def decision_labels(outcome: AdmissionOutcome) -> tuple[str, ...]:
         labels.append("admitted")
         if outcome.decision is AdmissionDecision.ADMITTED_AFTER_WAIT:
             labels.append("queued")
+        if outcome.reserved.limit_tokens is not None:
+            labels.append("elastic")
     else:
         labels.append("forwarded_without_pool")
     if outcome.rewrites:

@@ -87,6 +87,17 @@ The rules, in the order they are applied:
    hold, in a unified pool its part of the shared cells; either way ``pool_tokens`` is the whole.
 6. Capacity. The tenant's caps, active sequences then its share (Wait scope "tenant"), then free slots, then
    (unified pools only) free tokens (Wait scope "pool").
+7. Elastic reservations (``admission.elastic``, unified pools). A stream of one sequence whose model's answers are
+   known (``cost.expected_output_tokens``, a high quantile of them: ``output_lengths``) reserves its prompt plus
+   that expectation (at least ``elastic_floor_tokens``, at most the output limit of rule 3, which is still what the
+   backend is told) instead of the whole limit, and grows as it streams (``elastic``). It is admitted only while
+   the pool's reservations, its own included, stay within ``elastic_watermark`` of the pool (an empty pool always
+   takes it): the rest is the growth room of the replies already running. ``Admit.limit_tokens`` is then what rule
+   3 reserves, the most it may grow to.
+
+                 unified pool of 2,048 cells, 4 slots, chats of 500-token prompts, limit 1,024, p95 of answers 200
+       fixed:    | A 500+1,024 | . . . . free 524 . . . . |             one chat at a time
+       elastic:  | A 700 | B 700 | . free 648 (watermark 1,843) . |     two at once; each grows by steps as it streams
 
 Tenant caps count a batch per prompt: ``max_active`` counts every sequence it holds at once, ``max_pool_share`` its
 reserved sum (the tenant's ``max_prompt_tokens`` and ``max_output_tokens`` apply to each prompt, in ``admit``).
@@ -150,12 +161,32 @@ def plan(cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Po
                         f"estimate ({reserve_tokens:,}) exceeds its share ({share_tokens:,}) on its own, so it waits "
                         "until the tenant holds nothing else", "tenant")
         sizes = _Sizes(prompt_tokens, context.tokens, None, sequences, together)  # it waits for no share
-    wait = _capacity_wait(cost, pool, snapshot, policy, sizes, reserve_tokens)
+    elastic = _elastic_tokens(cost, pool, policy, sizes, output.tokens, reserve_tokens)
+    wait = _capacity_wait(cost, pool, snapshot, policy, sizes, reserve_tokens if elastic is None else elastic,
+                          elastic is not None)
     if wait is not None:
         return wait
     rewrites = Rewrites(num_ctx=context.rewrite, max_output_tokens=output.rewrite)
     notes = context.notes + output.notes + _batch_notes(cost, pool, sequences, reserve_tokens)
+    if elastic is not None:
+        notes = (*notes, f"elastic reservation: {elastic:,} tokens (the prompt and the {cost.expected_output_tokens:,}"
+                 f" its model's answers usually take), growing to at most {reserve_tokens:,} as the reply streams")
+        return Admit(elastic, rewrites, notes, sequences, limit_tokens=reserve_tokens)
     return Admit(reserve_tokens, rewrites, notes, sequences)
+
+
+def _elastic_tokens(cost: RequestCost, pool: PoolSpec, policy: Policy, sizes: _Sizes, output_tokens: int,
+                    reserve_tokens: int) -> int | None:
+    """Rule 7, elastic reservations: on a unified pool, a stream of one sequence whose model's answers are known
+    (``cost.expected_output_tokens``) first reserves its prompt plus that expectation (at least the floor, at most
+    its limit) and grows as it streams (``elastic``); None where the whole limit is reserved."""
+    expected = cost.expected_output_tokens
+    if (expected is None or policy.elastic_watermark is None or not pool.unified or cost.sequences != 1
+            or cost.batch_prompt_tokens):
+        return None
+    first_output = min(output_tokens, max(policy.elastic_floor_tokens, expected))
+    tokens = min(sizes.prompt_tokens + first_output, sizes.context_tokens)
+    return tokens if tokens < reserve_tokens else None
 
 
 def reserved_prompt_tokens(cost: RequestCost, policy: Policy) -> int:
@@ -410,6 +441,7 @@ def _share_words(policy: Policy, share_tokens: int, pool: PoolSpec, cost: Reques
 
 def _capacity_wait(
     cost: RequestCost, pool: PoolSpec, snapshot: LedgerSnapshot, policy: Policy, sizes: _Sizes, reserve_tokens: int,
+    elastic: bool = False,
 ) -> Wait | None:
     share_tokens, sequences = sizes.share_tokens, sizes.sequences
     cap = policy.per_tenant_max_active
@@ -431,6 +463,15 @@ def _capacity_wait(
             f"{snapshot.reserved_tokens:,} of the {pool.pool_tokens:,} tokens in the shared pool of "
             f"{_where(pool, cost)} are reserved; this request needs {reserve_tokens:,}"
         )
+    if elastic and snapshot.reserved_tokens and policy.elastic_watermark is not None:
+        watermark_tokens = math.floor(round(policy.elastic_watermark * pool.pool_tokens, 6))
+        if snapshot.reserved_tokens + reserve_tokens > watermark_tokens:  # the rest is the running replies' growth
+            return Wait(
+                f"{snapshot.reserved_tokens:,} of the {pool.pool_tokens:,} tokens in the shared pool of "
+                f"{_where(pool, cost)} are reserved; this request needs {reserve_tokens:,} and is admitted up to "
+                f"{watermark_tokens:,} (admission.elastic.admit_watermark {policy.elastic_watermark:g}), the rest "
+                "kept for the replies that are growing"
+            )
     return None
 
 

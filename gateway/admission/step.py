@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from gateway.admission.admit import NO_CLAIM, AdmitAsk, Admitter, Asker, NoClaim
 from gateway.admission.charging import reserved_output, settle_rate, take_rate
+from gateway.admission.elastic import Growth
 from gateway.admission.exchange import Exchange
 from gateway.admission.kv_pools import PoolDirectory
 from gateway.admission.outcome import AdmissionOutcome
@@ -86,6 +87,8 @@ class Admitted:
     _claim: Claim | NoClaim
     _after: _Reloads | None = None
     _released: bool = False
+    growth: Growth | None = None
+    """An elastic reservation, followed as the reply streams (the relay feeds it); None: fixed, or none."""
 
     @property
     def lease(self) -> int | None:
@@ -99,6 +102,8 @@ class Admitted:
             return
         self._released = True
         try:
+            if self.growth is not None:
+                self.growth.owner.end(self.growth)
             if self._permit is not None:
                 self._permit.release()
             if self._after is not None:
@@ -194,6 +199,12 @@ class AdmissionStep:
     async def settle(self, exchange: Exchange) -> None:
         """Once the request is over: charge the tenant's rate what it really generated (charging.settle_rate)."""
         await settle_rate(self._rates, exchange.rate_charge, exchange.usage, exchange.status)
+        if exchange.pool is not None and exchange.status == 200:
+            output_tokens = exchange.output_tokens if exchange.elastic_end is None else None
+            if output_tokens is None and exchange.streamed_tokens is not None:
+                output_tokens = exchange.streamed_tokens  # ended by kvgate, or no usage in the reply
+            if output_tokens is not None:
+                self.admitter.observed(exchange.pool, exchange.tenant.name, output_tokens)
 
     async def after_oom(self, backend: Backend, model: str, words: str) -> None:
         """The backend ran out of GPU memory before anything reached the client: return when a fresh reading shows
@@ -285,7 +296,7 @@ class AdmissionStep:
             return Refused(exc)
         exchange.outcome = granted.outcome
         return Admitted(granted.body, granted.outcome, pool, fit, self._gates_loads(backend), granted.permit,
-                        claim, _Reloads(self, backend, model, at_default))
+                        claim, _Reloads(self, backend, model, at_default), growth=granted.growth)
 
     async def _unreserved(self, exchange: Exchange, backend: Backend, model: str | None) -> Admitted:
         """A request that holds no KV reservation on its backend: its model is loaded through the GPU check when not

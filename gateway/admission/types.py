@@ -101,6 +101,11 @@ class RequestCost:
     """The model the client asked for: what messages name when the pool serves any name (an OpenAI-compatible
     server's one pool is keyed "")."""
     batch_prompt_tokens: tuple[int, ...] = ()
+    expected_output_tokens: int | None = None
+    """The output the model usually gives (``output_lengths``: a high quantile of its recent answers) when the
+    reply's growth can be followed (a stream of one sequence): the planner then reserves the prompt plus this on a
+    unified pool, not the whole limit, and the reservation grows as the reply streams (``elastic``). None: the
+    whole limit."""
 
     @property
     def prompts(self) -> tuple[int, ...]:
@@ -166,8 +171,16 @@ class Policy:
     estimate_is_final: bool = False
     max_queue_share: float = 0.5
     tenant_max_queued: int | None = None
+    elastic_watermark: float | None = None
+    """Elastic reservations on (``admission.elastic``): a request reserving less than its limit is admitted while the
+    unified pool's reservations, its own included, stay within this share of the pool; the rest is kept for the
+    growth of those already running. None: off (every request reserves its whole limit)."""
+    elastic_floor_tokens: int = 128
+    """The least output an elastic reservation holds."""
 
     def __post_init__(self) -> None:
+        if self.elastic_watermark is not None and not 0.0 < self.elastic_watermark <= 1.0:
+            raise ValueError(f"elastic_watermark is {self.elastic_watermark}; expected a fraction in (0, 1] or None")
         if self.default_output_tokens < 0 or self.max_queue < 0:
             raise ValueError("default_output_tokens and max_queue can't be negative")
         if not 0.0 <= self.estimate_margin <= 10.0:
@@ -226,6 +239,9 @@ class Admit:
     rewrites: Rewrites = field(default_factory=Rewrites)
     notes: tuple[str, ...] = ()
     sequences: int = 1
+    limit_tokens: int | None = None
+    """An elastic reservation (``RequestCost.expected_output_tokens``): the most it may grow to, the prompt plus the
+    whole output limit, what a fixed reservation holds from the start. None: ``reserve_tokens`` is already that."""
 
 
 WaitScope = Literal["pool", "tenant"]

@@ -147,6 +147,24 @@ class WaitingRoom:
             self.redispatch(reservation.key)
         return freed
 
+    def grow(self, permit: Permit, tokens: int, pool: PoolSpec) -> bool:
+        """An elastic reply's hold becomes ``tokens`` (``elastic``) when the pool's free cells allow it: True when
+        it did. Growing never passes the pool (the watermark is the admissions', not growth's); a hold that shrinks
+        lets waiters in."""
+        reservation = permit.reservation
+        if permit.released:
+            return False
+        snapshot = self.pool_snapshot(reservation.key)
+        if tokens > reservation.tokens and snapshot.reserved_tokens + tokens - reservation.tokens > pool.pool_tokens:
+            return False
+        resized = self._ledger.resize(reservation, tokens)
+        if resized is None:
+            return False
+        permit.reservation = resized
+        if tokens < reservation.tokens:
+            self.redispatch(reservation.key)
+        return True
+
     @property
     def shared(self) -> SharedPools | None:
         return self._shared

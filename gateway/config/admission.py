@@ -9,11 +9,35 @@ from pydantic import Field
 from gateway.config.base import Strict
 
 
+class ElasticSettings(Strict):
+    """Elastic reservations (``[admission.elastic]``) on unified pools: a streamed reply reserves its prompt plus the
+    output its model usually gives, and its reservation grows as it streams (gateway/admission/elastic.py)."""
+
+    enabled: bool = Field(
+        default=True, description="off: every request reserves its prompt plus its whole output limit, as before; "
+        "a reply is then never ended by kvgate, and requests wait instead",
+    )
+    quantile: float = Field(default=0.95, gt=0, le=1, description="the share of observed answers the first "
+                            "reservation covers whole (0.95: 19 in 20 never need to grow)")
+    floor_tokens: int = Field(default=128, ge=16, description="the least output a first reservation holds")
+    min_samples: int = Field(default=20, ge=1, description="answers observed on a model (or a tenant of it) "
+                             "before its distribution is used; before that, the whole limit is reserved")
+    window: int = Field(default=512, ge=1, description="the latest answers per model and tenant the "
+                        "distribution keeps")
+    step_tokens: int = Field(default=64, ge=8, description="how much a reservation grows at a time, once a "
+                             "reply comes within half of it of its end")
+    admit_watermark: float = Field(
+        default=0.90, gt=0, le=1, description="elastic requests are admitted while the pool's reservations stay "
+        "below this share of its cells; the rest is kept for growth",
+    )
+
+
 class AdmissionSettings(Strict):
     """What kvgate does before forwarding (gateway/admission): reserve KV, pin num_ctx, clamp, queue or refuse."""
 
     enabled: bool = True
     default_output_tokens: int = Field(default=1024, ge=1, description="reserved when a client sets no limit")
+    elastic: ElasticSettings = Field(default_factory=ElasticSettings)
     estimate_margin: float = Field(default=0.10, ge=0, le=1, description="extra share reserved for estimated counts")
     pin_num_ctx: bool = True
     clamp_output: bool = True

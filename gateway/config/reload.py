@@ -63,7 +63,8 @@ log = logging.getLogger("gateway.config.reload")
 
 LIVE_SERVER = ("admin_key", "require_api_key", "allow_reload_to_drop_security")
 LIVE_ADMISSION = ("enabled", "default_output_tokens", "estimate_margin", "pin_num_ctx", "clamp_output", "on_too_long",
-                  "max_queue", "queue_timeout_s", "per_tenant_max_active", "overtake_window_s", "queue_order")
+                  "max_queue", "queue_timeout_s", "per_tenant_max_active", "overtake_window_s", "queue_order",
+                  "elastic")
 """What ``Admitter.reconfigure`` takes in; the other admission settings are the pool directory's, bound at start."""
 RESTART_FITTING = ("summary_cache_entries",)
 """The summary cache is sized once; every other ``[fitting]`` setting is read per request (``policy_for``)."""

@@ -282,7 +282,7 @@ def record(metrics: Metrics, exchange: Exchange, elapsed_s: float) -> None:
     child(metrics.tenant_requests, tenant, str(status)).inc()
     child(metrics.duration, route).observe(elapsed_s)
     _record_tenant(metrics, tenant, status, outcome, exchange.output_tokens, refusal)
-    decisions = request_decisions(outcome, refusal, exchange.summary_failure)
+    decisions = request_decisions(outcome, refusal, exchange.summary_failure, exchange.elastic_end is not None)
     metrics.outcomes.add(pool if pool is not None else outcome.reserved.pool if outcome and outcome.reserved
                          else None, decisions, refusal)
     for decision in decisions:

@@ -12,6 +12,8 @@ A request is counted when it is over, from what admission did (``AdmissionOutcom
 
     admitted                reserved in its pool (at once, or after a wait) and forwarded
     queued                  admitted after waiting in the queue
+    elastic                 reserved its prompt plus its model's usual answer, growing as it streamed (planner rule 7)
+    ended_by_kvgate         an elastic reply kvgate ended (``finish_reason: length``): its pool had no room to grow
     forwarded_without_pool  forwarded with no pool to plan against (admission off, no KV layout known)
     rewritten               any field rewritten; apart:
       clamped               an output limit lowered (or written where the client set none)
@@ -36,15 +38,15 @@ from typing import Any
 from gateway.admission.outcome import AdmissionOutcome, decision_labels
 from gateway.admission.types import PoolKey
 
-DECISIONS = ("admitted", "queued", "forwarded_without_pool", "rewritten", "clamped", "pinned", "context_lowered",
-             "trimmed", "summarized", "summary_failed", "refused")
+DECISIONS = ("admitted", "queued", "elastic", "ended_by_kvgate", "forwarded_without_pool", "rewritten", "clamped",
+             "pinned", "context_lowered", "trimmed", "summarized", "summary_failed", "refused")
 """Every decision label, in the order the status shows them."""
 QUEUE_REASONS = {"queue_full": "queue_full", "queue_timeout": "queue_timeout", "context_length_exceeded": "context"}
 """The refusals ``kvgate_queue_rejected_total`` counts, by its ``reason`` label (what it has always named)."""
 
 
 def request_decisions(outcome: AdmissionOutcome | None, refusal: str | None,
-                      summary_failure: str | None = None) -> tuple[str, ...]:
+                      summary_failure: str | None = None, ended_by_kvgate: bool = False) -> tuple[str, ...]:
     """The decision labels one finished request counts in (see the module docstring). ``summary_failure``: the
     reason of a summary that failed before the request was refused (an admitted one carries it in its outcome)."""
     labels = list(decision_labels(outcome)) if outcome is not None and refusal is None else []
@@ -52,6 +54,8 @@ def request_decisions(outcome: AdmissionOutcome | None, refusal: str | None,
         labels.append("summary_failed")
     if refusal is not None:
         labels.append("refused")
+    if ended_by_kvgate:
+        labels.append("ended_by_kvgate")
     return tuple(labels)
 
 

@@ -44,6 +44,8 @@ def request_fields(exchange: Exchange) -> dict[str, object]:
         fields["decision"] = "refused" if exchange.refusal else ("error" if exchange.status >= 400 else "forwarded")
     if exchange.refusal:
         fields["reason"] = exchange.refusal
+    if exchange.elastic_end is not None:
+        fields["ended_by_kvgate"] = exchange.elastic_end
     if exchange.content is not None:
         fields["content"] = exchange.content
     return fields

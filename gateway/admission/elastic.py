@@ -1,0 +1,189 @@
+"""Elastic reservations: a streamed reply's hold on a unified pool grows as it streams, and the pool never overruns.
+
+Theory of operation
+-------------------
+A fixed reservation holds the prompt plus the whole output limit from the first token to the last, so on a unified
+pool kvgate runs side by side only what fits if every answer ran to its limit. Most answers are far shorter. An
+elastic one (planner rule 7) first holds the prompt plus what the model usually answers (``output_lengths``), and
+kvgate follows the reply as it streams (``Growth.seen``, one call per chunk the relay reads, with the count of
+stream events so far: llama-server and Ollama send one token an event):
+
+    unified pool of 4,096 cells, admitted up to the 90% watermark (3,686), steps of 64
+    | A 700 -> 764 -> 828 ... | B 700 | C 700 | D 700 | . . . free: growth room . . . |
+
+    - when a reply comes within half a step of what it holds, it takes one more step (at most its limit) from
+      the pool's free cells: the ledger's sum never passes the pool;
+    - when the pool has no step left, admissions have already stopped (the watermark: new requests wait), and the
+      reply goes on into its last quarter step, where the others may end and free cells;
+    - a reply that reaches that last quarter with nothing free ends the one sequence that has passed its first
+      reservation the most, itself or another: that reply's relay stops copying at an event boundary, the client
+      gets a normal end (``finish_reason: length`` / ``done_reason: length``, with a ``kvgate`` field saying why),
+      the upstream connection is closed (the backend stops the sequence) and its reservation is given back.
+
+So the pool's invariant is "every sequence's current use fits its hold, and the holds fit the pool": each
+reservation is at least what its reply has used plus the quarter step that covers events still on the wire.
+``ElasticPools.check_invariants`` asserts it for the tests; the ledger's own invariant (totals match the live
+reservations) holds after every step as before.
+
+Only what kvgate can follow is elastic: a stream of one sequence in a dialect whose events it counts (Ollama,
+OpenAI, llama-server chat and completion). A reply that is not streamed, has ``n`` > 1 completions or a batch
+holds a fixed reservation and is never ended by kvgate. Single-threaded, on the event loop, like the ledger.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gateway.admission.permit import Permit
+from gateway.admission.types import PoolKey, PoolSpec
+
+log = logging.getLogger(__name__)
+
+Grow = Callable[[Permit, int, PoolSpec], bool]
+"""The waiting room's ``grow``: hold ``tokens`` in the pool instead, when its free cells allow (True)."""
+
+
+@dataclass(eq=False, slots=True)
+class Growth:
+    """One elastic reply: what it holds (its permit), what it has used, and whether kvgate ended it."""
+
+    permit: Permit
+    pool: PoolSpec
+    prompt_tokens: int
+    """The prompt's part of the reservation (an estimate's with its margin)."""
+    limit_tokens: int
+    """The most it may hold: the prompt plus the whole output limit the backend was told."""
+    first_tokens: int
+    """What it reserved at admission."""
+    owner: ElasticPools
+    output_tokens: int = 0
+    """Output tokens seen so far (stream events)."""
+    steps: int = 0
+    ended: str | None = None
+    """Why kvgate ended the reply, once it has."""
+    interrupt: Callable[[], object] | None = None
+    """The relay's: stop copying now (set while the reply streams)."""
+
+    @property
+    def held_tokens(self) -> int:
+        return self.permit.reservation.tokens
+
+    @property
+    def used_tokens(self) -> int:
+        """What it may hold on the backend now: the prompt, the output seen, and the tokens that may be generated
+        but not yet seen (``ElasticPools.lag_tokens``: on the wire, or in the relay's coalescing); never more than
+        its limit, where the backend stops it."""
+        return min(self.limit_tokens, self.prompt_tokens + self.output_tokens + self.owner.lag_tokens)
+
+    @property
+    def overshoot_tokens(self) -> int:
+        """How far it has passed its first reservation (negative: not yet)."""
+        return self.used_tokens - self.first_tokens
+
+    def seen(self, output_tokens: int) -> bool:
+        """The reply has streamed ``output_tokens`` so far: grow its hold if it must; False when kvgate ends it now."""
+        self.output_tokens = output_tokens
+        return self.owner.follow(self)
+
+
+@dataclass(slots=True)
+class ElasticCounts:
+    """Per pool, since start: steps taken and replies kvgate ended."""
+
+    steps_total: int = 0
+    cuts_total: int = 0
+
+
+@dataclass(slots=True)
+class ElasticPools:
+    """The elastic replies of every pool, grown and ended as the module docstring says."""
+
+    grow: Grow
+    step_tokens: int = 64
+    _live: dict[PoolKey, dict[int, Growth]] = field(default_factory=dict)
+    counts: dict[PoolKey, ElasticCounts] = field(default_factory=dict)
+
+    @property
+    def lag_tokens(self) -> int:
+        """What the backend may have generated that the relay has not yet counted, or will generate while its
+        connection closes: an eighth of a step, at least 4."""
+        return max(4, self.step_tokens // 8)
+
+    @property
+    def guard_tokens(self) -> int:
+        """The last part of a hold, kept for events still on the wire: a reply that reaches it with no room to
+        grow ends one sequence (module docstring)."""
+        return max(8, self.step_tokens // 4)
+
+    def start(self, permit: Permit, pool: PoolSpec, prompt_tokens: int) -> Growth | None:
+        """Follow an admitted reply whose reservation is elastic (``Admit.limit_tokens``); None when it is fixed."""
+        limit = permit.admit.limit_tokens
+        if limit is None:
+            return None
+        growth = Growth(permit, pool, prompt_tokens, limit, permit.reservation.tokens, self)
+        self._live.setdefault(pool.key, {})[permit.reservation.id] = growth
+        return growth
+
+    def end(self, growth: Growth) -> None:
+        """The reply is over (its permit is released next): it no longer grows or counts as a candidate."""
+        live = self._live.get(growth.pool.key)
+        if live is not None and live.pop(growth.permit.reservation.id, None) is not None and not live:
+            del self._live[growth.pool.key]
+        growth.interrupt = None
+
+    def follow(self, growth: Growth) -> bool:
+        if growth.ended is not None:
+            return False
+        held, used = growth.held_tokens, growth.used_tokens
+        if held >= growth.limit_tokens or used + self.step_tokens // 2 <= held:
+            return True
+        target = min(growth.limit_tokens, max(held, used) + self.step_tokens)
+        if self.grow(growth.permit, target, growth.pool):
+            growth.steps += 1
+            self._counts(growth.pool.key).steps_total += 1
+            return True
+        if used + self.guard_tokens <= held:
+            return True  # not yet: others may end before it reaches its last quarter step
+        victim = max(self._candidates(growth), key=lambda g: g.overshoot_tokens)
+        if victim is not growth and used < held:
+            self._end(victim, growth.pool)
+            return True  # its cells come back once its connection is closed; this one grows on its next chunk
+        self._end(growth, growth.pool)
+        return False
+
+    def _candidates(self, needing: Growth) -> list[Growth]:
+        live = self._live.get(needing.pool.key, {})
+        return [g for g in live.values() if g.ended is None and (g is needing or g.interrupt is not None)] or [needing]
+
+    def _end(self, growth: Growth, pool: PoolSpec) -> None:
+        growth.ended = (f"kvgate ended this reply at {growth.output_tokens:,} output tokens: the shared KV pool of "
+                        f"{pool.backend} ({pool.pool_tokens:,} tokens) had no room for it to grow, and it had passed "
+                        f"its first reservation ({growth.first_tokens:,} tokens) the most")
+        self._counts(pool.key).cuts_total += 1
+        log.warning("%s", growth.ended)
+        if growth.interrupt is not None:
+            growth.interrupt()
+
+    def _counts(self, key: PoolKey) -> ElasticCounts:
+        found = self.counts.get(key)
+        if found is None:
+            found = self.counts[key] = ElasticCounts()
+        return found
+
+    def growing(self, key: PoolKey) -> int:
+        """Elastic replies running on the pool (for the status page)."""
+        return len(self._live.get(key, ()))
+
+    def check_invariants(self, pools: dict[PoolKey, PoolSpec]) -> None:
+        """Every reply's use fits its hold (but for the guard its cut is allowed), and no hold passes its limit; the
+        holds' sum fits the pool (the ledger's totals, read by the caller, cover fixed reservations too)."""
+        for key, live in self._live.items():
+            for growth in live.values():
+                assert growth.held_tokens <= growth.limit_tokens, (growth.held_tokens, growth.limit_tokens)
+                if growth.ended is None:
+                    assert growth.used_tokens <= growth.held_tokens, (key, growth.used_tokens, growth.held_tokens)
+            pool = pools.get(key)
+            held = sum(g.held_tokens for g in live.values())
+            assert pool is None or held <= pool.pool_tokens, (key, held, pool)
