@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import openai
 import orjson
 import pytest
 
@@ -150,3 +151,32 @@ async def test_long_answers_that_would_overrun_the_pool_are_ended_cleanly_never_
         assert "kvgate ended this reply" in final["kvgate"]
     assert pool["reserved_tokens"] == 0 and pool["active_sequences"] == 0
     assert pool["ended_by_kvgate_total"] == len(ended)
+
+
+async def test_the_openai_sdk_reads_an_answer_kvgate_ended_as_one_cut_at_its_limit(sim: str) -> None:
+    """The official SDK, unmodified: the ended reply is a normal stream whose last choice says "length"; the reason
+    rides in the chunk's extra field."""
+    backends = [{"name": "cpp", "kind": "llama-server", "url": sim}]
+    async with running_gateway(backends) as url, aiohttp.ClientSession() as http:
+        await _warm(http, url)
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+        async def one(index: int) -> tuple[str | None, Any, int]:
+            stream = await client.chat.completions.create(
+                model="anything", messages=[{"role": "user", "content": f"sdk {index} {PROMPT}"}], stream=True,
+                max_tokens=1400, extra_body={"ignore_eos": True})
+            finish, extra, pieces = None, None, 0
+            async for chunk in stream:
+                pieces += 1
+                if chunk.choices and chunk.choices[0].finish_reason is not None:
+                    finish, extra = chunk.choices[0].finish_reason, (chunk.model_extra or {}).get("kvgate")
+            return finish, extra, pieces
+
+        results = await asyncio.gather(*(one(i) for i in range(3)))
+        await client.close()
+        stats = await _sim_stats(http, sim)
+    for finish, extra, pieces in results:
+        print(f"finish {finish} after {pieces} chunks; kvgate: {str(extra)[:80]}")
+    assert all(finish == "length" for finish, _, _ in results)
+    assert any(extra and "kvgate ended this reply" in extra for _, extra, _ in results)
+    assert stats["context_exceeded"] == 0
