@@ -23,6 +23,9 @@
     ├── BackendTimeout           504  the backend did not answer (or stalled) within a configured timeout
     └── InternalError            500  a bug in kvgate; logged with a traceback, rendered without one
 
+ServerBusy, BackendNotReady, RateLimited and LoadRefused are RetryLater errors: each is raised with the
+``retry_after_s`` it goes out with (ConnectionsExhausted: 1 s).
+
 Third-party exceptions (aiohttp, orjson, asyncio) from calls to backends are translated into this tree at one
 place, ``gateway.backends.client`` (its BackendCallError classes are BackendUnavailable or BackendTimeout), and
 rendered in the dialect of the request by ``gateway.dialects``, at one boundary: ``gateway.edge.error_boundary`` (a
@@ -46,6 +49,15 @@ class GatewayError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class RetryLater(GatewayError):
+    """Base of the errors a client may retry: raised with the seconds after which trying again makes sense, sent
+    as ``Retry-After``."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class BadRequest(GatewayError):
@@ -116,15 +128,11 @@ class UnsupportedMediaType(GatewayError):
     code = "unsupported_media_type"
 
 
-class ServerBusy(GatewayError):
+class ServerBusy(RetryLater):
     """Raised when kvgate already holds all the request-body bytes it may (``server.max_held_body_bytes``)."""
 
     status = 503
     code = "server_busy"
-
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 class ConnectionsExhausted(ServerBusy):
@@ -145,39 +153,27 @@ class ModelNotFound(GatewayError):
     code = "model_not_found"
 
 
-class BackendNotReady(GatewayError):
+class BackendNotReady(RetryLater):
     """Raised when a request would allocate KV on a backend whose pool can't be probed now; never forwarded
     unaccounted."""
 
     status = 503
     code = "backend_not_ready"
 
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
-
-class RateLimited(GatewayError):
+class RateLimited(RetryLater):
     """Raised when a tenant is over its tokens or requests per minute; Retry-After says when the bucket holds enough."""
 
     status = 429
     code = "rate_limited"
 
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
-
-class LoadRefused(GatewayError):
+class LoadRefused(RetryLater):
     """Raised when a model can't be loaded without overrunning GPU memory and waiting won't make room; the message
     names the model, the bytes it needs and the bytes free."""
 
     status = 503
     code = "gpu_memory_exhausted"
-
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 class BackendUnavailable(GatewayError):
