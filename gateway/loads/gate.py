@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from gateway.backends import Backend
-from gateway.backends.client import canonical_model, find_model, name_candidates, same_model
+from gateway.backends.model_names import canonical_model, find_model, name_candidates, same_model
 from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
 from gateway.config.settings import ModelSettings, Settings
