@@ -23,6 +23,7 @@ from gateway.admission.shared.shared_rates import TenantRates
 from gateway.admission.step import AdmissionStep
 from gateway.admission.tenant_keys import TenantDirectory
 from gateway.api import kvgate as kvgate_api
+from gateway.api import status as status_api
 from gateway.backends import BackendRegistry
 from gateway.backends.probes import BackendProbes
 from gateway.config.reload import LiveSettings, Reloader, SettingsSource
@@ -268,7 +269,7 @@ async def _status(request: web.Request) -> web.Response:
     if shared is not None:  # every known pool's totals across replicas, also those this replica never admitted to
         await shared.watch(pools.known().values(), timeout_s=STATUS_GPU_WAIT_S)
     await asyncio.wait({refresh}, timeout=STATUS_GPU_WAIT_S)
-    status = kvgate_api.status_snapshot(app[REGISTRY], app[ADMITTER].room, pools.known(),
+    status = status_api.status_snapshot(app[REGISTRY], app[ADMITTER].room, pools.known(),
                                         time.monotonic() - app[STARTED], app[METRICS].truncation_log.snapshot(), notes,
                                         gpus=gpu_rows(app[GPU_BOARD], app[LOADS].counts),
                                         routing=app[PROXY].router.status, slot_sources=pools.slots.sources,
@@ -279,7 +280,7 @@ async def _status(request: web.Request) -> web.Response:
     status["shared_ledger"] = shared_status(app[SHARED])
     status["longest_prompts"] = app[METRICS].longest_prompts.snapshot()  # kvgate check --gateway reads these
     if "text/html" in request.headers.get("Accept", ""):
-        return web.Response(text=kvgate_api.status_html(status), content_type="text/html")
+        return web.Response(text=status_api.status_html(status), content_type="text/html")
     return web.json_response(status)
 
 
@@ -288,7 +289,7 @@ async def _tenants(request: web.Request) -> web.Response:
     if not admin_allowed(request, _admin_key(request)):
         raise _forbidden()
     app = request.app
-    return web.json_response(kvgate_api.tenants_snapshot(app[METRICS].tenant_usage, app[LIVE].settings.tenants,
+    return web.json_response(status_api.tenants_snapshot(app[METRICS].tenant_usage, app[LIVE].settings.tenants,
                                                          app[ADMITTER].room))
 
 
