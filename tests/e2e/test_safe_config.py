@@ -186,7 +186,7 @@ def test_listening_beyond_loopback_unprotected_is_a_loud_warning(
     server: dict[str, object], tenants: dict[str, object], loud: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = load_settings(None, server=server, tenants=tenants)
-    with caplog.at_level(logging.WARNING, logger="gateway.app"):
+    with caplog.at_level(logging.WARNING, logger="gateway.edge.admin_access"):
         create_app(settings, refresh_models=False)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "SECURITY" in r.getMessage()]
     assert bool(warnings) == loud, warnings
