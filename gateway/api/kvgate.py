@@ -27,8 +27,8 @@ from gateway.loads.standing import (
     residency_json,
     residency_warnings,
 )
-from gateway.memory.fit_estimate import VramRoom, estimate, parse_fit_params, ram_check
-from gateway.memory.host_ram import read_host_ram
+from gateway.memory.fit_estimate import VramRoom, estimate, parse_fit_params
+from gateway.memory.host_ram import ram_check, read_host_ram
 from gateway.memory.load_cost import Calibration, RunKnobs
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.ollama_answers import LoadedModel
