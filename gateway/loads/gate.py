@@ -1,4 +1,4 @@
-"""Load admission and the residency manager, live: the I/O around ``plan.decide_load``.
+"""The load gate, live: the I/O around ``plan.decide_load`` (may a model load now, and what it unloads first).
 
 An Ollama model that is not resident is loaded by kvgate itself (the pool directory's load, before the first request
 that needs it is planned). On a backend with a ``vram`` source, ``LoadGate.load`` first decides whether the load may
