@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 import pytest
 
+from tests.kvsim.helpers import running_sim
 from tests.support.gateway_server import running_gateway
 
 CONTEXT_TOKENS = 2048
@@ -29,17 +30,13 @@ WORDS = tuple(_SENTENCE.split(" "))
 @contextlib.asynccontextmanager
 async def simulator() -> AsyncIterator[str]:
     from kvsim.config import SimConfig
-    from kvsim.runner import start_sim
     from tests.tokens.vocab_vectors import warm_sim_tokenizers
 
     config = SimConfig(models=(MODEL, SUMMARY_MODEL), load_s=0.01, time_scale=50.0, min_response_tokens=8,
                        max_response_tokens=24, gen_tokens_per_s=2000.0, prompt_tokens_per_s=500_000.0,
                        tokenizer_cache_dir=warm_sim_tokenizers(MODEL, SUMMARY_MODEL))
-    runner, url = await start_sim(config)
-    try:
+    async with running_sim(config) as url:
         yield url
-    finally:
-        await runner.cleanup()
 
 
 def backend(sim: str) -> dict[str, Any]:

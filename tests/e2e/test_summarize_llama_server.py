@@ -28,6 +28,7 @@ import aiohttp
 import orjson
 import pytest
 
+from tests.kvsim.helpers import running_sim
 from tests.support.gateway_server import running_gateway
 from tests.support.llama_server import RunningLlamaServer, run_llama_server
 from tests.support.tinymodel import write_tiny_model
@@ -67,17 +68,13 @@ def table() -> Iterator[None]:
 @contextlib.asynccontextmanager
 async def simulator() -> AsyncIterator[str]:
     from kvsim.config import SimConfig
-    from kvsim.runner import start_sim
     from tests.tokens.vocab_vectors import warm_sim_tokenizers
 
     config = SimConfig(models=(SIM_MODEL,), load_s=0.01, time_scale=50.0, min_response_tokens=4,
                        max_response_tokens=8, gen_tokens_per_s=2000.0, prompt_tokens_per_s=500_000.0,
                        tokenizer_cache_dir=warm_sim_tokenizers(SIM_MODEL))
-    runner, url = await start_sim(config)
-    try:
+    async with running_sim(config) as url:
         yield url
-    finally:
-        await runner.cleanup()
 
 
 @contextlib.asynccontextmanager
