@@ -38,21 +38,27 @@ class ServeProcess:
 
 
 @asynccontextmanager
-async def serving_config(config: Path) -> AsyncIterator[ServeProcess]:
-    """``kvgate serve --port 0 --config CONFIG``, once it logs where it listens; killed on the way out if it still
-    runs."""
+async def serve_process(*args: str, env: dict[str, str] | None = None) -> AsyncIterator[ServeProcess]:
+    """``kvgate serve --port 0 ARGS`` just started (``env`` beside a bare PATH), its log piped; killed on the way out
+    if it still runs."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "serve", "--port", "0", "--config", str(config),
-        stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
+        sys.executable, "-m", "gateway", "serve", "--port", "0", *args,
+        stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin", **(env or {})},
     )
     assert process.stderr is not None
-    served = ServeProcess(process, process.stderr)
     try:
-        match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", await served.line_with("listening on"))
-        assert match
-        served.url = match.group(1)
-        yield served
+        yield ServeProcess(process, process.stderr)
     finally:
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+@asynccontextmanager
+async def serving_config(config: Path) -> AsyncIterator[ServeProcess]:
+    """``kvgate serve --port 0 --config CONFIG``, once it logs where it listens."""
+    async with serve_process("--config", str(config)) as served:
+        match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", await served.line_with("listening on"))
+        assert match
+        served.url = match.group(1)
+        yield served
