@@ -31,6 +31,7 @@ import pytest
 from tests.kvsim.helpers import running_sim
 from tests.support.gateway_server import running_gateway
 from tests.support.llama_server import RunningLlamaServer, run_llama_server
+from tests.support.metrics_text import metric_sum as metric
 from tests.support.tinymodel import write_tiny_model
 
 pytestmark = pytest.mark.llama_server
@@ -109,16 +110,6 @@ async def scrape(url: str, path: str) -> str:
     async with aiohttp.ClientSession() as http, http.get(f"{url}{path}") as response:
         assert response.status == 200
         return await response.text()
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """The sum of the samples of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for found in re.finditer(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? ([0-9.e+-]+)$", text, re.MULTILINE):
-        have = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1) or ""))
-        if all(have.get(key) == value for key, value in labels.items()):
-            total += float(found.group(2))
-    return total
 
 
 def summarized(headers: dict[str, str]) -> tuple[int, int, bool]:
