@@ -1,4 +1,4 @@
-"""Load admission and the residency manager, live: the I/O around ``plan.decide_load``.
+"""The load gate, live: the I/O around ``plan.decide_load`` (may a model load now, and what it unloads first).
 
 An Ollama model that is not resident is loaded by kvgate itself (the pool directory's load, before the first request
 that needs it is planned). On a backend with a ``vram`` source, ``LoadGate.load`` first decides whether the load may
@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from gateway.backends import Backend
-from gateway.backends.client import canonical_model, find_model, name_candidates, same_model
+from gateway.backends.model_names import canonical_model, find_model, name_candidates, same_model
 from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
 from gateway.config.settings import ModelSettings, Settings
