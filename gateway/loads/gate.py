@@ -207,6 +207,10 @@ class LoadGate:
         self._claims[key] = self._claims.get(key, 0) + 1
         return Claim(self, key)
 
+    def claimed(self) -> dict[tuple[str, str], int]:
+        """The claims held now, per (backend, model): empty once every request is over."""
+        return dict(self._claims)
+
     def _unclaim(self, key: tuple[str, str]) -> None:
         left = self._claims.get(key, 0) - 1
         if left > 0:
