@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
-import ipaddress
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,19 +21,20 @@ from gateway.admission.shared.shared_rates import TenantRates
 from gateway.admission.step import AdmissionStep
 from gateway.admission.tenant_keys import TenantDirectory
 from gateway.api import kvgate as kvgate_api
+from gateway.api import status as status_api
 from gateway.backends import BackendRegistry
 from gateway.backends.probes import BackendProbes
 from gateway.config.reload import LiveSettings, Reloader, SettingsSource
 from gateway.config.settings import ServerSettings, Settings
 from gateway.domain import Operation
 from gateway.edge import targets
-from gateway.edge.error_boundary import error_boundary, error_response
+from gateway.edge.admin_access import ProxiedHandler, admin_only, require_admin, warn_if_exposed
+from gateway.edge.error_boundary import error_boundary
 from gateway.edge.expect import expect_continue
 from gateway.edge.limits import ClientLimits
 from gateway.edge.refusals import refuse_over_peer_limit
 from gateway.edge.routes import FALLBACK, ROUTES, Route
 from gateway.edge.serving import CONNECTIONS, ConnectionCollector, Connections, GuardedRunner
-from gateway.errors import AdminOnly
 from gateway.fitting.summaries import Summaries
 from gateway.fitting.summary_writer import InternalCalls, Summarizer
 from gateway.loads.gate import LoadGate
@@ -200,7 +199,7 @@ def _add_routes(app: web.Application, settings: Settings) -> None:
     for route in ROUTES:
         proxied: ProxiedHandler = functools.partial(_proxied, route=route)
         if route.operation is Operation.MANAGE and settings.server.admin_only_management:
-            proxied = _admin_only(proxied, route)
+            proxied = admin_only(proxied, route, _admin_key)
         for method in route.methods:
             app.router.add_route(method, route.path, proxied, expect_handler=expect_continue)
     app.router.add_route("*", "/kvgate/{tail:.*}", kvgate_api.unknown_kvgate_route,  # never forwarded
@@ -219,38 +218,19 @@ def _for_tenants(handler: Handler) -> Handler:
     return checked
 
 
-def admin_allowed(request: web.Request, admin_key: SecretStr | None) -> bool:
-    """With an admin key: the request must carry it (compared in constant time). Without: loopback clients only."""
-    if admin_key is None:
-        remote = request.remote or ""
-        try:
-            return ipaddress.ip_address(remote).is_loopback
-        except ValueError:
-            return False
-    given = request.headers.get("Authorization", "").removeprefix("Bearer ").encode("utf-8", "surrogateescape")
-    return hmac.compare_digest(given, admin_key.get_secret_value().encode())
-
-
-def _forbidden() -> AdminOnly:
-    return AdminOnly("this kvgate route needs the admin key (server.admin_key) as a Bearer token, or a loopback "
-                     "client when none is set")
-
-
 def _admin_key(request: web.Request) -> SecretStr | None:
     """The admin key as configured now (a reload may change it)."""
     return request.app[LIVE].settings.server.admin_key
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    if not admin_allowed(request, _admin_key(request)):
-        raise _forbidden()
+    require_admin(request, _admin_key(request))
     body = request.app[METRICS].exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def _status(request: web.Request) -> web.Response:
-    if not admin_allowed(request, _admin_key(request)):
-        raise _forbidden()
+    require_admin(request, _admin_key(request))
     app = request.app
     pools = app[POOLS]
     notes: dict[str, list[str]] = {}
@@ -268,7 +248,7 @@ async def _status(request: web.Request) -> web.Response:
     if shared is not None:  # every known pool's totals across replicas, also those this replica never admitted to
         await shared.watch(pools.known().values(), timeout_s=STATUS_GPU_WAIT_S)
     await asyncio.wait({refresh}, timeout=STATUS_GPU_WAIT_S)
-    status = kvgate_api.status_snapshot(app[REGISTRY], app[ADMITTER].room, pools.known(),
+    status = status_api.status_snapshot(app[REGISTRY], app[ADMITTER].room, pools.known(),
                                         time.monotonic() - app[STARTED], app[METRICS].truncation_log.snapshot(), notes,
                                         gpus=gpu_rows(app[GPU_BOARD], app[LOADS].counts),
                                         routing=app[PROXY].router.status, slot_sources=pools.slots.sources,
@@ -279,24 +259,22 @@ async def _status(request: web.Request) -> web.Response:
     status["shared_ledger"] = shared_status(app[SHARED])
     status["longest_prompts"] = app[METRICS].longest_prompts.snapshot()  # kvgate check --gateway reads these
     if "text/html" in request.headers.get("Accept", ""):
-        return web.Response(text=kvgate_api.status_html(status), content_type="text/html")
+        return web.Response(text=status_api.status_html(status), content_type="text/html")
     return web.json_response(status)
 
 
 async def _tenants(request: web.Request) -> web.Response:
     """Usage per tenant (admin, like ``/kvgate/status``); no I/O."""
-    if not admin_allowed(request, _admin_key(request)):
-        raise _forbidden()
+    require_admin(request, _admin_key(request))
     app = request.app
-    return web.json_response(kvgate_api.tenants_snapshot(app[METRICS].tenant_usage, app[LIVE].settings.tenants,
+    return web.json_response(status_api.tenants_snapshot(app[METRICS].tenant_usage, app[LIVE].settings.tenants,
                                                          app[ADMITTER].room))
 
 
 async def _reload(request: web.Request) -> web.Response:
     """Re-read the configuration (admin; gateway/config/reload.py): 200 with the settings changed and those that need a
     restart, by name; 400 ``invalid_config`` naming the setting, with nothing changed."""
-    if not admin_allowed(request, _admin_key(request)):
-        raise _forbidden()
+    require_admin(request, _admin_key(request))
     # shielded: a client that leaves mid-reload does not cut it in two; ReloadRefused is a 400 invalid_config
     report = await asyncio.shield(request.app[RELOADER].reload("POST /kvgate/reload"))
     return web.json_response({"reloaded": True, "changed": list(report.changed),
@@ -316,65 +294,6 @@ async def _refresh_gpus_forever(app: web.Application) -> None:
     while True:
         await _refresh_gpus(app)
         await asyncio.sleep(app[LIVE].settings.models_refresh_s)
-
-
-ProxiedHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _admin_only(handler: ProxiedHandler, route: Route) -> ProxiedHandler:
-    """Model management (Ollama's pull, push, create, copy, delete, blobs; llama-server's slot save, restore and erase,
-    adapters, properties, model loads) only for the admin key, or for loopback clients when none is set; the admin key
-    itself is not sent on to the backend."""
-
-    async def checked(request: web.Request) -> web.StreamResponse:
-        admin_key = _admin_key(request)
-        if not admin_allowed(request, admin_key):
-            what = f"{request.method} {route.path.split('{')[0].rstrip('/')} manages the backend's models or state"
-            error = AdminOnly(
-                f"{what} and needs kvgate's admin key (server.admin_key) as 'Authorization: Bearer <key>'"
-                if admin_key is not None else
-                f"{what}; with no server.admin_key set, only clients on kvgate's own machine may")
-            log.warning("refused %s %s from %s: model management needs the admin key", request.method, route.path,
-                        request.remote)
-            return error_response(error, route.dialect)
-        if admin_key is not None:
-            headers = request.headers.copy()
-            headers.popall("Authorization", None)
-            request = request.clone(headers=headers)
-        return await handler(request)
-
-    return checked
-
-
-def warn_if_exposed(settings: Settings) -> None:
-    """A loud start-up warning when kvgate listens beyond this machine with nothing to tell clients apart."""
-    server = settings.server
-    if is_loopback_host(server.host):
-        return
-    has_keys = any(tenant.digests() for tenant in settings.tenants.values())
-    if not has_keys and server.admin_key is None:
-        log.warning(
-            "SECURITY: kvgate listens on %s, beyond this machine, with no tenant API keys and no server.admin_key: "
-            "anyone who can connect may run every model through it%s. Set [tenants.NAME] api_keys with "
-            "server.require_api_key = true and a server.admin_key, or listen on 127.0.0.1 (README: Security)",
-            server.host or "all interfaces",
-            "" if server.admin_only_management else ", and pull, push, create, copy and delete models (and erase or "
-            "restore llama-server's slots)",
-        )
-    elif not server.admin_only_management:
-        log.warning("SECURITY: kvgate listens on %s with server.admin_only_management = false: every client may "
-                    "pull, push, create, copy and delete models, and erase or restore llama-server's slots",
-                    server.host or "all interfaces")
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether ``server.host`` keeps kvgate on this machine: a loopback address or ``localhost``."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 async def _proxied(request: web.Request, *, route: Route) -> web.StreamResponse:

@@ -23,6 +23,9 @@
     ├── BackendTimeout           504  the backend did not answer (or stalled) within a configured timeout
     └── InternalError            500  a bug in kvgate; logged with a traceback, rendered without one
 
+ServerBusy, BackendNotReady, RateLimited and LoadRefused are RetryLater errors: each is raised with the
+``retry_after_s`` it goes out with (ConnectionsExhausted: 1 s).
+
 Third-party exceptions (aiohttp, orjson, asyncio) from calls to backends are translated into this tree at one
 place, ``gateway.backends.client`` (its BackendCallError classes are BackendUnavailable or BackendTimeout), and
 rendered in the dialect of the request by ``gateway.dialects``, at one boundary: ``gateway.edge.error_boundary`` (a
@@ -31,6 +34,8 @@ the error is about (a field, a setting), where there is one.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class GatewayError(Exception):
@@ -43,22 +48,35 @@ class GatewayError(Exception):
     param: str | None = None
     """The field or setting the error is about, where there is one (OpenAI's ``param``)."""
 
+    def __init_subclass__(cls, *, status: int | None = None, code: str | None = None, **kwargs: Any) -> None:
+        """A subclass names its HTTP status and stable code in its header: ``class NotFound(GatewayError,
+        status=404, code="not_found")``; one it leaves out is its base's."""
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if code is not None:
+            cls.code = code
+
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
 
 
-class BadRequest(GatewayError):
+class RetryLater(GatewayError):
+    """Base of the errors a client may retry: raised with the seconds after which trying again makes sense, sent
+    as ``Retry-After``."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class BadRequest(GatewayError, status=400, code="invalid_request"):
     """Raised when the request body or query can't be accepted as it is."""
 
-    status = 400
-    code = "invalid_request"
 
-
-class InvalidField(BadRequest):
+class InvalidField(BadRequest, code="invalid_field"):
     """Raised when a JSON field is missing or has the wrong type; names the field."""
-
-    code = "invalid_field"
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
@@ -66,125 +84,72 @@ class InvalidField(BadRequest):
         self.param = field
 
 
-class InvalidConfig(BadRequest):
+class InvalidConfig(BadRequest, code="invalid_config"):
     """Raised when a configuration can't be applied (a reload); ``param`` names the first setting at fault (a dotted
     name like ``tenants.ci.max_active``, ``--config`` for the file itself, None when settings disagree)."""
-
-    code = "invalid_config"
 
     def __init__(self, message: str, param: str | None) -> None:
         super().__init__(message)
         self.param = param
 
 
-class NotFound(GatewayError):
+class NotFound(GatewayError, status=404, code="not_found"):
     """Raised for a path no route serves."""
 
-    status = 404
-    code = "not_found"
 
-
-class MethodNotAllowed(GatewayError):
+class MethodNotAllowed(GatewayError, status=405, code="method_not_allowed"):
     """Raised for a route asked with a method it does not take; ``allowed`` goes out as the ``Allow`` header."""
-
-    status = 405
-    code = "method_not_allowed"
 
     def __init__(self, message: str, allowed: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.allowed = allowed
 
 
-class Unauthorized(GatewayError):
+class Unauthorized(GatewayError, status=401, code="invalid_api_key"):
     """Raised when a request needs a tenant's API key and carries none, or an unknown one."""
 
-    status = 401
-    code = "invalid_api_key"
 
-
-class PayloadTooLarge(GatewayError):
+class PayloadTooLarge(GatewayError, status=413, code="payload_too_large"):
     """Raised when a body is larger than the configured limit."""
 
-    status = 413
-    code = "payload_too_large"
 
-
-class UnsupportedMediaType(GatewayError):
+class UnsupportedMediaType(GatewayError, status=415, code="unsupported_media_type"):
     """Raised when a request body has a Content-Encoding kvgate does not decode (it decodes gzip and deflate)."""
 
-    status = 415
-    code = "unsupported_media_type"
 
-
-class ServerBusy(GatewayError):
+class ServerBusy(RetryLater, status=503, code="server_busy"):
     """Raised when kvgate already holds all the request-body bytes it may (``server.max_held_body_bytes``)."""
 
-    status = 503
-    code = "server_busy"
 
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class ConnectionsExhausted(ServerBusy):
+class ConnectionsExhausted(ServerBusy, code="connections_exhausted"):
     """A connection kvgate can't serve: at ``server.max_connections`` with none to close, or within the descriptor
     reserve of RLIMIT_NOFILE. Answered before any request is read (``gateway.edge.serving``), so in no route's dialect:
     Ollama's ``{"error": "..."}``, which the OpenAI clients read as the message too."""
-
-    code = "connections_exhausted"
 
     def __init__(self, message: str) -> None:
         super().__init__(message, retry_after_s=1.0)
 
 
-class ModelNotFound(GatewayError):
+class ModelNotFound(GatewayError, status=404, code="model_not_found"):
     """Raised when a request names a model that no backend lists (after refreshing the lists)."""
 
-    status = 404
-    code = "model_not_found"
 
-
-class BackendNotReady(GatewayError):
+class BackendNotReady(RetryLater, status=503, code="backend_not_ready"):
     """Raised when a request would allocate KV on a backend whose pool can't be probed now; never forwarded
     unaccounted."""
 
-    status = 503
-    code = "backend_not_ready"
 
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class RateLimited(GatewayError):
+class RateLimited(RetryLater, status=429, code="rate_limited"):
     """Raised when a tenant is over its tokens or requests per minute; Retry-After says when the bucket holds enough."""
 
-    status = 429
-    code = "rate_limited"
 
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class LoadRefused(GatewayError):
+class LoadRefused(RetryLater, status=503, code="gpu_memory_exhausted"):
     """Raised when a model can't be loaded without overrunning GPU memory and waiting won't make room; the message
     names the model, the bytes it needs and the bytes free."""
 
-    status = 503
-    code = "gpu_memory_exhausted"
 
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class BackendUnavailable(GatewayError):
+class BackendUnavailable(GatewayError, status=502, code="backend_unavailable"):
     """Raised when a backend can't be reached or drops the connection before responding."""
-
-    status = 502
-    code = "backend_unavailable"
 
 
 class BackendDown(BackendUnavailable):
@@ -192,39 +157,24 @@ class BackendDown(BackendUnavailable):
     so the request is answered at once instead of waiting for it (gateway/backends/liveness.py)."""
 
 
-class BackendTimeout(GatewayError):
+class BackendTimeout(GatewayError, status=504, code="backend_timeout"):
     """Raised when a backend does not connect, answer or continue a stream within its timeout."""
 
-    status = 504
-    code = "backend_timeout"
 
-
-class InternalError(GatewayError):
+class InternalError(GatewayError, status=500, code="internal_error"):
     """Raised for unexpected failures inside kvgate; the client sees a message, never a traceback."""
 
-    status = 500
-    code = "internal_error"
 
-
-class AdminOnly(GatewayError):
+class AdminOnly(GatewayError, status=403, code="admin_only"):
     """A model-management route (``server.admin_only_management``) asked for without the admin key."""
 
-    status = 403
-    code = "admin_only"
 
-
-class RequestTimeout(GatewayError, TimeoutError):
+class RequestTimeout(GatewayError, TimeoutError, status=408, code="request_timeout"):
     """Raised from a request body's read when the body did not arrive within ``server.body_timeout_s``.
 
     A ``TimeoutError`` too, so that aiohttp, draining what is left of the body after the answer, takes it as a
     timeout and closes the connection quietly."""
 
-    status = 408
-    code = "request_timeout"
 
-
-class ExpectationFailed(GatewayError):
+class ExpectationFailed(GatewayError, status=417, code="expectation_failed"):
     """Raised for an ``Expect`` header other than ``100-continue`` (odd bytes included)."""
-
-    status = 417
-    code = "expectation_failed"

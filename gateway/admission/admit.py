@@ -1,9 +1,10 @@
-"""The admission step of the request path: cost -> plan -> rewrite -> reserve (or wait, or refuse).
+"""The admitter: one request on one KV pool, cost -> plan -> rewrite -> reserve (or wait, or refuse).
 
-It holds the glue between the proxy and the pure admission core: it builds the request's cost from its count and
-limits, finds the model's KV pool, waits in the waiting room for a permit, and rewrites the body as the planner
-said. What it did comes back as data (``outcome.AdmissionOutcome``), beside the body to forward and the permit.
-The permit travels with the response and is released exactly once, when the response ends for any reason.
+It holds the glue between the admission step (step.py) and the pure admission core: it builds the request's cost
+from its count and limits, finds the model's KV pool, waits in the waiting room for a permit, and rewrites the body
+as the planner said. What it did comes back as data (``outcome.AdmissionOutcome``), beside the body to forward and
+the permit. The permit travels with the response and is released exactly once, when the response ends for any
+reason.
 """
 
 from __future__ import annotations

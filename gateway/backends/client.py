@@ -1,4 +1,4 @@
-"""One client per backend: base URL, auth, Host, timeouts, JSON calls, the proxy's streaming open, model names.
+"""One client per backend: base URL, auth, Host, timeouts, JSON calls, the proxy's streaming open.
 
 Every HTTP call kvgate makes to a backend goes through a ``BackendClient`` (the session is injected and shared), and
 every transport failure (aiohttp, asyncio, orjson) is translated into the gateway's errors at one place,
@@ -25,7 +25,7 @@ import asyncio
 import base64
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -159,32 +159,6 @@ def json_object(raw: bytes, where: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BackendBadReply(f"{where} answered JSON that is not an object: {raw[:80].decode(errors='replace')}")
     return data
-
-
-# ---- model names -------------------------------------------------------------------------------------------------
-
-
-def canonical_model(name: str) -> str:
-    """Ollama's spelling of a model name: a name without a tag means its ``:latest`` (``x`` is ``x:latest``; in
-    ``host:5000/x`` the colon is the port's, so that is ``host:5000/x:latest``)."""
-    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
-
-
-def name_candidates(model: str) -> tuple[str, ...]:
-    """The spellings that name the same model as ``model``, ``model`` itself first."""
-    canonical = canonical_model(model)
-    bare = canonical.removesuffix(":latest")
-    return tuple(dict.fromkeys((model, canonical, bare)))
-
-
-def find_model(model: str, names: Collection[str]) -> str | None:
-    """The name in ``names`` that means ``model`` (itself if listed, else its ``:latest`` twin), None if none does."""
-    return next((name for name in name_candidates(model) if name in names), None)
-
-
-def same_model(a: str, b: str) -> bool:
-    """Whether two names mean the same model (``x`` and ``x:latest`` do)."""
-    return canonical_model(a) == canonical_model(b)
 
 
 # ---- the client -------------------------------------------------------------------------------------------------

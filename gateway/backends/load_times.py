@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from statistics import median
 
-from gateway.backends.client import canonical_model
+from gateway.backends.model_names import canonical_model
 
 WINDOW = 8
 NS_PER_S = 1e9

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.backends.client import name_candidates
+from gateway.backends.model_names import name_candidates
 
 
 def listed_names(listing: dict[str, Any]) -> frozenset[str]:

@@ -15,7 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gateway.backends.client import BackendCallError, BackendClient, find_model
+from gateway.backends.client import BackendCallError, BackendClient
+from gateway.backends.model_names import find_model
 from gateway.domain import BackendKind
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.common import ProfileError

@@ -13,8 +13,8 @@ from pathlib import Path
 import aiohttp
 
 from gateway.backends import Backend
-from gateway.backends.client import same_model
 from gateway.backends.load_times import LoadTimes, reported_load_s
+from gateway.backends.model_names import same_model
 from gateway.backends.prober import LlamaServerProber, OllamaProber, ProbeError
 from gateway.backends.vram_exporter import ExporterSource
 from gateway.memory.presets import find_preset, preset_profile

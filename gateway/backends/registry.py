@@ -12,7 +12,8 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from gateway.backends.client import BackendCallError, BackendClient, BackendUnreachable, find_model
+from gateway.backends.client import BackendCallError, BackendClient, BackendUnreachable
+from gateway.backends.model_names import find_model
 from gateway.backends.runtime_port import BackendRuntime
 from gateway.config.settings import BackendSettings, Settings
 from gateway.domain import BackendKind

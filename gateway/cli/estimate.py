@@ -31,8 +31,8 @@ from gateway.loads.standing import (
     residency_warnings,
 )
 from gateway.memory.estimate_table import format_bytes, render_table
-from gateway.memory.fit_estimate import Estimate, RamCheck, VramRoom, estimate, ram_check
-from gateway.memory.host_ram import read_host_ram
+from gateway.memory.fit_estimate import Estimate, VramRoom, estimate
+from gateway.memory.host_ram import RamCheck, ram_check, read_host_ram
 from gateway.memory.kv import ALLOWED_CACHE_TYPES, CacheType, ShapeError, parse_cache_type
 from gateway.memory.load_cost import RunKnobs
 from gateway.memory.presets import find_preset, preset_names, preset_profile

@@ -1,4 +1,4 @@
-"""Deadlines on the client side of every connection, and a cap on how many are open.
+"""Guarded client connections: a deadline on each phase of every connection, and a cap on how many are open.
 
 aiohttp's server has a keep-alive timeout but no deadline for a request's headers or body: a client that sends a
 byte now and then (slowloris) holds its connection, and a file descriptor, for as long as it likes. Here each

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gateway.backends.client import find_model
+from gateway.backends.model_names import find_model
 from gateway.config.fitting import FittingOverrideSettings, Remedy
 from gateway.config.settings import Settings
 

@@ -1,4 +1,4 @@
-"""Load admission and the residency manager, live: the I/O around ``plan.decide_load``.
+"""The load gate, live: the I/O around ``plan.decide_load`` (may a model load now, and what it unloads first).
 
 An Ollama model that is not resident is loaded by kvgate itself (the pool directory's load, before the first request
 that needs it is planned). On a backend with a ``vram`` source, ``LoadGate.load`` first decides whether the load may
@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from gateway.backends import Backend
-from gateway.backends.client import canonical_model, find_model, name_candidates, same_model
+from gateway.backends.model_names import canonical_model, find_model, name_candidates, same_model
 from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
 from gateway.config.settings import ModelSettings, Settings
@@ -206,6 +206,10 @@ class LoadGate:
         key = (backend, canonical_model(model))
         self._claims[key] = self._claims.get(key, 0) + 1
         return Claim(self, key)
+
+    def claimed(self) -> dict[tuple[str, str], int]:
+        """The claims held now, per (backend, model): empty once every request is over."""
+        return dict(self._claims)
 
     def _unclaim(self, key: tuple[str, str]) -> None:
         left = self._claims.get(key, 0) - 1

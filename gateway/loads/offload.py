@@ -27,8 +27,8 @@ from yarl import URL
 
 from gateway.backends import Backend
 from gateway.loads.plan import GpuRoom, LoadAction, LoadAsk, LoadDecision, ResidentState, unload_candidates
-from gateway.memory.fit_estimate import VramRoom, estimate, ram_check
-from gateway.memory.host_ram import RamVerdict, read_host_ram
+from gateway.memory.fit_estimate import VramRoom, estimate
+from gateway.memory.host_ram import RamVerdict, ram_check, read_host_ram
 from gateway.memory.load_cost import RunKnobs
 from gateway.memory.profile import ModelProfile
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.backends.client import same_model
+from gateway.backends.model_names import same_model
 from gateway.loads.gpu_ledger import FitVerdict, plan_load
 from gateway.memory.fit_estimate import Estimate, available_cap_bytes
 from gateway.memory.kv import CacheType

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gateway.backends.client import name_candidates
+from gateway.backends.model_names import name_candidates
 from gateway.support.safe_text import safe_text
 
 RECENT_EVENTS = 20

@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 import tokenizers
 
-from gateway.backends.client import BackendCallError, BackendClient, same_model
+from gateway.backends.client import BackendCallError, BackendClient
+from gateway.backends.model_names import same_model
 from gateway.support.gguf_reader import GgufFormatError, read_gguf_metadata
 from gateway.tokens.count import CounterUnavailable
 from gateway.tokens.gguf_vocab import UnsupportedTokenizer, tokenizer_from_gguf_metadata

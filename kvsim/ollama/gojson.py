@@ -11,6 +11,7 @@ Writing (``encoding/json``): ``<``, ``>`` and ``&`` inside strings are escaped a
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
@@ -20,6 +21,8 @@ from kvsim.failures import SimError
 _DECODER = json.JSONDecoder()
 _JSON_KINDS = {dict: "object", list: "array", str: "string", bool: "bool", int: "number", float: "number"}
 _LITERALS = {"n": "null", "t": "true", "f": "false"}
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class MissingBody(SimError):
@@ -86,8 +89,21 @@ def read_object(raw: bytes, go_type: str) -> dict[str, Any]:
         raise SimError(400, _go_syntax_message(text, exc)) from None
     if value is None:
         return {}
+    if _SURROGATE_ESCAPE.search(text):
+        value = _go_strings(value)
     if not isinstance(value, dict):
         raise SimError(400, f"json: cannot unmarshal {json_kind(value)} into Go value of type api.{go_type}")
+    return value
+
+
+def _go_strings(value: Any) -> Any:
+    """Go's decoder replaces a lone surrogate escape (``"\\ud83d"`` unpaired) with U+FFFD; Python keeps it."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_go_strings(item) for item in value]
+    if isinstance(value, dict):
+        return {_go_strings(key): _go_strings(item) for key, item in value.items()}
     return value
 
 

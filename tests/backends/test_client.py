@@ -25,9 +25,6 @@ from gateway.backends.client import (
     BackendStatusError,
     BackendUnreachable,
     call_error,
-    canonical_model,
-    find_model,
-    same_model,
 )
 from gateway.config.settings import BackendSettings, TimeoutSettings
 from gateway.errors import BackendTimeout, BackendUnavailable
@@ -257,30 +254,3 @@ def test_the_error_table(exc: Exception, error: type[BackendCallError], status: 
     made = call_error(exc, "GET /x on backend 'b'", connect_s=5, waited="1 s")
     assert type(made) is error and made.status == status and made.message.startswith("GET /x on backend 'b' ")
     assert call_error(made, "elsewhere", connect_s=5, waited="1 s") is made  # translated once
-
-
-@pytest.mark.parametrize(("a", "b", "same"), [
-    ("llama3", "llama3:latest", True),
-    ("llama3:latest", "llama3", True),
-    ("llama3", "llama3", True),
-    ("llama3:8b", "llama3", False),
-    ("llama3:8b", "llama3:latest", False),
-    ("library/qwen2", "library/qwen2:latest", True),
-    ("host:5000/ns/m", "host:5000/ns/m:latest", True),  # the colon is the port's: no tag
-    ("host:5000/ns/m", "host:5000/ns/m:7b", False),
-    ("Llama3", "llama3", False),
-])
-def test_latest_is_the_default_tag(a: str, b: str, same: bool) -> None:
-    assert same_model(a, b) is same and same_model(b, a) is same
-
-
-@pytest.mark.parametrize(("model", "names", "found"), [
-    ("qwen2", {"qwen2:latest"}, "qwen2:latest"),
-    ("qwen2", {"qwen2", "qwen2:latest"}, "qwen2"),  # the name itself first
-    ("qwen2:latest", {"qwen2"}, "qwen2"),
-    ("qwen2:7b", {"qwen2:latest", "qwen2"}, None),
-    ("mistral", {"qwen2:latest"}, None),
-])
-def test_find_model(model: str, names: set[str], found: str | None) -> None:
-    assert find_model(model, names) == found
-    assert canonical_model(model).endswith(":latest") or ":" in model

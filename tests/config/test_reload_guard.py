@@ -10,12 +10,9 @@ whitespace and comments, is refused on reload whatever it would change.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
-import re
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +24,7 @@ from gateway.config.reload import LiveSettings, Reloader, ReloadRefused
 from gateway.config.reload_guard import refusing_empty_file, security_drops
 from gateway.config.settings import Settings, load_settings
 from tests.support.fake_backend import FakeLLM, running
+from tests.support.serve_process import serving_config
 
 ADMIN = "admin-secret-key"
 SECURE: dict[str, Any] = {
@@ -132,49 +130,28 @@ async def test_sighup_with_an_emptied_file_keeps_every_key(tmp_path: Path, empti
     config = tmp_path / "kvgate.toml"
     async with running(FakeLLM()) as fake:
         config.write_text(_config(fake.url, SECURE_FILE))
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway", "serve", "--port", "0", "--config", str(config),
-            stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
-        )
-        assert process.stderr is not None
-        stderr = process.stderr
-
-        async def line_with(text: str) -> str:
-            while True:
-                line = (await asyncio.wait_for(stderr.readline(), timeout=20)).decode()
-                assert line, f"kvgate exited before logging {text!r}"
-                if text in line:
-                    return line
-
-        try:
-            match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", await line_with("listening on"))
-            assert match
-            url = match.group(1)
+        async with serving_config(config) as served:
+            url = served.url
             assert await _status(url, "/api/chat", "POST") == 401
             assert await _status(url, "/kvgate/status") == 403
             config.write_text(emptied)
-            process.send_signal(signal.SIGHUP)
-            line = await line_with("configuration reload")  # "reloaded (SIGHUP); changed: ..." or "refused"
+            served.process.send_signal(signal.SIGHUP)
+            line = await served.line_with("configuration reload")  # "reloaded (SIGHUP); changed: ..." or "refused"
             assert "(SIGHUP) refused" in line and "the file is empty" in line and ADMIN not in line, line
             assert await _status(url, "/api/chat", "POST") == 401  # still protected
             assert await _status(url, "/kvgate/status") == 403
             assert await _status(url, "/api/chat", "POST", "ci-key") == 200
             config.write_text(_config(fake.url, "[tenants.ci]\n"))  # not empty, but drops every key
-            process.send_signal(signal.SIGHUP)
-            line = await line_with("configuration reload")
+            served.process.send_signal(signal.SIGHUP)
+            line = await served.line_with("configuration reload")
             assert "(SIGHUP) refused" in line and "WARNING" in line and "SECURITY" in line
             assert "allow_reload_to_drop_security = true" in line
             assert await _status(url, "/api/chat", "POST") == 401
             config.write_text(_config(fake.url, "[server]\nallow_reload_to_drop_security = true\n"))
-            process.send_signal(signal.SIGHUP)
-            await line_with("configuration reloaded (SIGHUP)")
+            served.process.send_signal(signal.SIGHUP)
+            await served.line_with("configuration reloaded (SIGHUP)")
             assert await _status(url, "/api/chat", "POST") == 200  # said so explicitly: open now
-            process.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(process.wait(), timeout=10) == 0
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+            await served.stop()
 
 
 async def test_a_reload_that_lets_unknown_keys_in_is_refused(caplog: pytest.LogCaptureFixture) -> None:

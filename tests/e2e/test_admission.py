@@ -20,6 +20,7 @@ import pytest
 
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
+from tests.kvsim.helpers import running_sim
 from tests.support.gateway_server import running_gateway
 from tests.support.llama_server import RunningLlamaServer, run_llama_server
 from tests.support.tinymodel import write_tiny_model
@@ -70,11 +71,8 @@ async def test_unified_pool_overrun_fails_everyone_directly_but_not_through_kvga
 async def sim() -> AsyncIterator[str]:
     config = SimConfig(models=("llama3.1:8b",), num_parallel=1, load_s=0.2, time_scale=20.0,
                        min_response_tokens=4, max_response_tokens=8, gen_tokens_per_s=200.0)
-    runner, url = await start_sim(config)
-    try:
+    async with running_sim(config) as url:
         yield url
-    finally:
-        await runner.cleanup()
 
 
 async def _stats(http: aiohttp.ClientSession, sim_url: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import orjson
 
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
+from tests.kvsim.helpers import running_sim
 from tests.support.gateway_server import running_gateway
 
 UNIFIED = SimConfig(mode="llama-server", server_model="phi3:mini", ctx_size=4096, time_scale=10.0,
@@ -25,11 +26,8 @@ TENANTS = {"ci": {"api_keys": ["ci-key"], "max_active": 2, "max_prompt_tokens": 
 
 @contextlib.asynccontextmanager
 async def llama_sim(config: SimConfig = UNIFIED) -> AsyncIterator[str]:
-    runner, url = await start_sim(config)
-    try:
+    async with running_sim(config) as url:
         yield url
-    finally:
-        await runner.cleanup()
 
 
 @contextlib.asynccontextmanager

@@ -22,6 +22,7 @@ import pytest
 
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
+from tests.kvsim.helpers import running_sim
 from tests.support.gateway_server import running_gateway
 from tests.support.poll import until
 
@@ -36,11 +37,8 @@ def _sim(parallel: int) -> SimConfig:
 
 @asynccontextmanager
 async def _ollama(parallel: int) -> AsyncIterator[str]:
-    runner, url = await start_sim(_sim(parallel))
-    try:
+    async with running_sim(_sim(parallel)) as url:
         yield url
-    finally:
-        await runner.cleanup()
 
 
 async def _get(url: str, path: str) -> Any:

@@ -30,9 +30,9 @@ import pytest
 from gateway.observability.truncation import tolerance_tokens
 from kvsim.catalog import lookup, select
 from kvsim.config import SimConfig
-from kvsim.runner import start_sim
 from kvsim.templates import Message, render
 from kvsim.vocab import tokenizer_for
+from tests.kvsim.helpers import running_sim
 from tests.support.gateway_server import running_gateway
 from tests.tokens.vocab_vectors import SESSION_CACHE_DIR, warm_sim_tokenizers
 
@@ -95,11 +95,8 @@ async def sim() -> AsyncIterator[str]:
                        min_response_tokens=2, max_response_tokens=6, gen_tokens_per_s=500.0,
                        prompt_tokens_per_s=200_000.0,
                        tokenizer_cache_dir=warm_sim_tokenizers(*MODELS))  # the simulator's: this run's shared cache
-    runner, url = await start_sim(config)
-    try:
+    async with running_sim(config) as url:
         yield url
-    finally:
-        await runner.cleanup()
 
 
 @pytest.mark.parametrize("model", MODELS)

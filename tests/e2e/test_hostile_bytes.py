@@ -16,7 +16,7 @@ from gateway import dialects
 from gateway.admission import Ledger, PoolKey, WaitingRoom
 from gateway.admission.outcome import AdmissionOutcome, Reserved
 from gateway.admission.tenant_keys import ANONYMOUS, TenantDirectory
-from gateway.api.kvgate import status_html
+from gateway.api.status import status_html
 from gateway.backends.client import BackendClient
 from gateway.backends.registry import Backend
 from gateway.config.settings import BackendSettings, load_settings

@@ -29,6 +29,7 @@ from gateway.app import POOLS, create_app, start_server
 from gateway.config.settings import load_settings
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
+from tests.kvsim.helpers import running_sim
 from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
 from tests.support.llama_server import free_port
@@ -40,11 +41,8 @@ LLAMA_SIM = SimConfig(mode="llama-server", ctx_size=2048, n_parallel=-1, load_s=
 
 @pytest.fixture
 async def llama_sim() -> AsyncIterator[str]:
-    runner, url = await start_sim(LLAMA_SIM)
-    try:
+    async with running_sim(LLAMA_SIM) as url:
         yield url
-    finally:
-        await runner.cleanup()
 
 
 async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, Any],

@@ -17,6 +17,7 @@ import aiohttp
 import orjson
 import pytest
 
+from tests.kvsim.helpers import running_sim
 from tests.support.gateway_server import running_gateway
 from tests.support.poll import until
 
@@ -28,13 +29,9 @@ MODELS = ("llama3.1:8b", "qwen2.5:32b", "gemma3:27b", "llama3.1:70b")
 @contextlib.asynccontextmanager
 async def simulator(**changes: Any) -> AsyncIterator[str]:
     from kvsim.config import SimConfig
-    from kvsim.runner import start_sim
 
-    runner, url = await start_sim(SimConfig(**{"models": MODELS, **FAST, **changes}))
-    try:
+    async with running_sim(SimConfig(**{"models": MODELS, **FAST, **changes})) as url:
         yield url
-    finally:
-        await runner.cleanup()
 
 
 def backend_for(sim: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
+from tests.kvsim.helpers import running_sim
 from tests.support.gateway_server import running_gateway
 
 CONTEXT = 4096
@@ -32,7 +33,6 @@ CUT = re.compile(r"cut message (\d+) of (\d+) \((user|tool|function_call_output)
 @contextlib.asynccontextmanager
 async def simulator(mode: str) -> AsyncIterator[str]:
     from kvsim.config import SimConfig
-    from kvsim.runner import start_sim
     from tests.tokens.vocab_vectors import warm_sim_tokenizers
 
     config = SimConfig(mode="ollama" if mode == "ollama" else "llama-server", models=(MODEL,),
@@ -40,11 +40,8 @@ async def simulator(mode: str) -> AsyncIterator[str]:
                        load_s=0.01, time_scale=50.0, min_response_tokens=4, max_response_tokens=8,
                        prompt_tokens_per_s=500_000.0, gen_tokens_per_s=2000.0,
                        tokenizer_cache_dir=warm_sim_tokenizers(MODEL))
-    runner, url = await start_sim(config)
-    try:
+    async with running_sim(config) as url:
         yield url
-    finally:
-        await runner.cleanup()
 
 
 def backend(sim: str, mode: str) -> dict[str, Any]:

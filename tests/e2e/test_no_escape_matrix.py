@@ -53,7 +53,7 @@ import aiohttp
 import pytest
 
 from kvsim.config import SimConfig
-from kvsim.runner import start_sim
+from tests.kvsim.helpers import running_sim
 from tests.support.gateway_server import running_gateway
 from tests.support.llama_server import RunningLlamaServer, run_llama_server
 from tests.support.no_escape import (
@@ -158,11 +158,8 @@ REAL_SPLIT = Target(
 
 @asynccontextmanager
 async def _sim(config: SimConfig) -> AsyncIterator[str]:
-    runner, url = await start_sim(config)
-    try:
+    async with running_sim(config) as url:
         yield url
-    finally:
-        await runner.cleanup()
 
 
 async def _supported(http: aiohttp.ClientSession, url: str, target: Target, cell: Cell) -> bool:

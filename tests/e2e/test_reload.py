@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import re
 import signal
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -30,6 +28,7 @@ from gateway.config.settings import ConfigError, Settings, load_settings
 from tests.support.exact_count import exact_counting
 from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.poll import until
+from tests.support.serve_process import serving_config
 
 ADMIN = "admin-secret-key"
 CHAT = {"model": "llama3.1:8b", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
@@ -368,39 +367,18 @@ async def test_sighup_reloads_a_running_serve(tmp_path: Path) -> None:
     async with running(FakeLLM()) as fake:
         one_tenant = '[tenants.ci]\napi_keys = ["ci-key"]\n'
         config.write_text(_config(fake.url, one_tenant))
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway", "serve", "--port", "0", "--config", str(config),
-            stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
-        )
-        assert process.stderr is not None
-        stderr = process.stderr
-
-        async def line_with(text: str) -> str:
-            while True:
-                line = (await asyncio.wait_for(stderr.readline(), timeout=20)).decode()
-                assert line, f"kvgate exited before logging {text!r}"
-                if text in line:
-                    return line
-
-        try:
-            match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", await line_with("listening on"))
-            assert match
-            url = match.group(1)
+        async with serving_config(config) as served:
+            url = served.url
             assert (await _chat(url, "ops-key"))[0] == 401
             config.write_text(_config(fake.url, one_tenant + '[tenants.ops]\napi_keys = ["ops-key"]\n'))
-            process.send_signal(signal.SIGHUP)
-            line = await line_with("configuration reloaded")
+            served.process.send_signal(signal.SIGHUP)
+            line = await served.line_with("configuration reloaded")
             assert "(SIGHUP); changed: tenants.ops" in line and "INFO" in line
             assert (await _chat(url, "ops-key"))[0] == 200
             config.write_text(_config(fake.url, one_tenant + "max_active = -3\n"))
-            process.send_signal(signal.SIGHUP)
-            line = await line_with("configuration reload (SIGHUP) refused")
+            served.process.send_signal(signal.SIGHUP)
+            line = await served.line_with("configuration reload (SIGHUP) refused")
             assert "ERROR" in line and "setting 'tenants.ci.max_active'" in line
             _no_secrets(line)
             assert (await _chat(url, "ops-key"))[0] == 200  # the settings of the last good reload stay
-            process.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(process.wait(), timeout=10) == 0
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+            await served.stop()

@@ -58,6 +58,16 @@ async def _chat(url: str, model: str) -> tuple[int, dict[str, str], Any]:
                                                   "messages": [{"role": "user", "content": "hi"}]})
 
 
+async def _chat_goes_where_it_loads_without_eviction(url: str) -> None:
+    """A chat for ASKED goes to b: on a, its load would evict an idle model (the route header says so)."""
+    status, headers, body = await _chat(url, ASKED)
+    print(f"\n{status} backend={headers.get('X-Kvgate-Backend')} route={headers.get('X-Kvgate-Route')!r}")
+    assert status == 200, body
+    assert headers["X-Kvgate-Backend"] == "b"
+    assert headers["X-Kvgate-Route"].startswith("loads without eviction, first token in ")
+    assert "a: load" in headers["X-Kvgate-Route"] and "after evicting 1 idle model(s)" in headers["X-Kvgate-Route"]
+
+
 async def _load_directly(sim: str, model: str, *, keep_alive: int | None = None) -> None:
     """What another client of the same Ollama does: load (or, with keep_alive 0, unload) a model past kvgate."""
     body: dict[str, Any] = {"model": model, "stream": False}
@@ -79,12 +89,7 @@ async def test_a_model_loaded_nowhere_goes_to_the_host_that_loads_it_without_evi
     async with _two_hosts() as (sim_a, sim_b):
         await _load_directly(sim_a, BIG)  # 19 GiB on A: the 8.8 GiB of llama fit only after unloading it
         async with running_gateway([_backend("a", sim_a), _backend("b", sim_b)]) as url:
-            status, headers, body = await _chat(url, ASKED)
-        print(f"\n{status} backend={headers.get('X-Kvgate-Backend')} route={headers.get('X-Kvgate-Route')!r}")
-        assert status == 200, body
-        assert headers["X-Kvgate-Backend"] == "b"
-        assert headers["X-Kvgate-Route"].startswith("loads without eviction, first token in ")
-        assert "a: load" in headers["X-Kvgate-Route"] and "after evicting 1 idle model(s)" in headers["X-Kvgate-Route"]
+            await _chat_goes_where_it_loads_without_eviction(url)
         assert await _resident(sim_a) == {BIG} and await _resident(sim_b) == {ASKED}
         stats_a = await _stats(sim_a)
         assert (stats_a["loads"], stats_a["unloads"]) == (1, 0)  # the preview of A loaded and unloaded nothing
@@ -99,10 +104,5 @@ async def test_a_model_ollama_unloaded_since_it_was_probed_is_no_longer_resident
         await _load_directly(sim_a, ASKED, keep_alive=0)
         await _load_directly(sim_a, BIG)
         assert (await _call(url, "GET", "/kvgate/status"))[0] == 200  # kvgate reads /api/ps of both hosts
-        status, headers, body = await _chat(url, ASKED)
-        print(f"\n{status} backend={headers.get('X-Kvgate-Backend')} route={headers.get('X-Kvgate-Route')!r}")
-        assert status == 200, body
-        assert headers["X-Kvgate-Backend"] == "b"
-        assert headers["X-Kvgate-Route"].startswith("loads without eviction, first token in ")
-        assert "a: load" in headers["X-Kvgate-Route"] and "after evicting 1 idle model(s)" in headers["X-Kvgate-Route"]
+        await _chat_goes_where_it_loads_without_eviction(url)
         assert await _resident(sim_a) == {BIG}

@@ -21,6 +21,7 @@ from gateway.app import create_app, start_server
 from gateway.cli.main import EXIT_ADDRESS_IN_USE, EXIT_CACHE_DIR, EXIT_HOST_UNRESOLVABLE, main
 from gateway.config.settings import ConfigError, load_settings, unknown_environment
 from tests.support.fake_backend import FakeLLM, running
+from tests.support.serve_process import serve_process
 
 SECRET = "s3cret-Do-Not-Echo"
 
@@ -146,27 +147,18 @@ async def test_an_unwritable_cache_dir_is_one_line_and_an_exit_code(tmp_path: Pa
 
 async def test_serve_warns_about_a_misspelled_variable_at_start_up(tmp_path: Path) -> None:
     async with running(FakeLLM()) as fake:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway", "serve", "--port", "0", "--backend", f"ollama={fake.url}",
-            stderr=asyncio.subprocess.PIPE,
-            env={"PATH": "/usr/bin:/bin", "KVGATE_SERVR__PORT": "8080",
-                 "KVGATE_COUNTING__CACHE_DIR": str(tmp_path / "cache")},
-        )
-        assert process.stderr is not None
-        try:
+        env = {"KVGATE_SERVR__PORT": "8080", "KVGATE_COUNTING__CACHE_DIR": str(tmp_path / "cache")}
+        async with serve_process("--backend", f"ollama={fake.url}", env=env) as served:
+            process, stderr = served.process, served.stderr
             lines: list[str] = []
             while not lines or "listening on" not in lines[-1]:
-                lines.append((await asyncio.wait_for(process.stderr.readline(), timeout=20)).decode())
+                lines.append((await asyncio.wait_for(stderr.readline(), timeout=20)).decode())
                 assert lines[-1], lines
             assert any(re.search(r"WARNING .*KVGATE_SERVR__PORT names no kvgate setting; did you mean "
                                  r"KVGATE_SERVER__PORT\?", line) for line in lines), lines
             assert (tmp_path / "cache").is_dir()
             process.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(process.wait(), timeout=10) == 0
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
 
 
 @pytest.mark.parametrize(
@@ -186,7 +178,7 @@ def test_listening_beyond_loopback_unprotected_is_a_loud_warning(
     server: dict[str, object], tenants: dict[str, object], loud: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = load_settings(None, server=server, tenants=tenants)
-    with caplog.at_level(logging.WARNING, logger="gateway.app"):
+    with caplog.at_level(logging.WARNING, logger="gateway.edge.admin_access"):
         create_app(settings, refresh_models=False)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "SECURITY" in r.getMessage()]
     assert bool(warnings) == loud, warnings

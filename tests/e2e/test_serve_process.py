@@ -15,34 +15,26 @@ import pytest
 
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.poll import until
+from tests.support.serve_process import serve_process
 
 
 async def test_serve_starts_proxies_and_stops_on_sigterm() -> None:
-    async with running(FakeLLM()) as fake:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway", "serve", "--port", "0", "--backend", f"ollama={fake.url}",
-            stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
-        )
-        assert process.stderr is not None
-        try:
-            line = (await asyncio.wait_for(process.stderr.readline(), timeout=20)).decode()
-            match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-            assert match, line
-            url = match.group(1)
-            async with aiohttp.ClientSession() as http:
-                async with http.get(f"{url}/kvgate/health") as response:
-                    assert (await response.json())["status"] == "ok"
-                async with http.get(f"{url}/api/tags") as response:
-                    assert len((await response.json())["models"]) == 2
-            process.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(process.wait(), timeout=10) == 0
-            rest = (await process.stderr.read()).decode()
-            assert "GET /api/tags 200" in rest and "shutting down" in rest
-            assert "keyless requests are uncapped: no tenant has an API key" in rest  # said once, at start-up
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+    async with running(FakeLLM()) as fake, serve_process("--backend", f"ollama={fake.url}") as served:
+        process, stderr = served.process, served.stderr
+        line = (await asyncio.wait_for(stderr.readline(), timeout=20)).decode()
+        match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        assert match, line
+        url = match.group(1)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/kvgate/health") as response:
+                assert (await response.json())["status"] == "ok"
+            async with http.get(f"{url}/api/tags") as response:
+                assert len((await response.json())["models"]) == 2
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), timeout=10) == 0
+        rest = (await stderr.read()).decode()
+        assert "GET /api/tags 200" in rest and "shutting down" in rest
+        assert "keyless requests are uncapped: no tenant has an API key" in rest  # said once, at start-up
 
 
 def _imports_under_way(pid: int) -> bool:
@@ -62,42 +54,33 @@ async def test_a_sighup_during_start_up_does_not_kill_serve(hangups: str) -> Non
     """The attack: SIGHUP (a config-management tool's "reload", a closed terminal) in the first 0.3 s of
     ``kvgate serve``, before it set its handler, killed it. It must keep starting, serve, and apply the reload it
     was asked for once it is ready."""
-    async with running(FakeLLM()) as fake:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway", "serve", "--port", "0", "--backend", f"ollama={fake.url}",
-            stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
-        )
-        assert process.stderr is not None
-        try:
-            await until(functools.partial(_imports_under_way, process.pid), timeout_s=20, interval_s=0.001)
-            process.send_signal(signal.SIGHUP)
-            first = asyncio.ensure_future(process.stderr.readline())
-            sent = 1
-            while hangups.startswith("every") and not first.done() and process.returncode is None:
-                await asyncio.sleep(0.01)  # the hang-ups' rate: one every 10 ms is the attack
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGHUP)
-                    sent += 1
-            lines = [(await asyncio.wait_for(first, timeout=20)).decode()]
-            while lines[-1] and "listening on" not in lines[-1]:  # a reload asked for meanwhile may come first
-                lines.append((await asyncio.wait_for(process.stderr.readline(), timeout=20)).decode())
-            if not lines[-1]:  # its stderr closed: it ended
-                await asyncio.wait_for(process.wait(), timeout=10)
-            assert process.returncode is None, f"killed by a SIGHUP during start-up ({process.returncode})"
-            match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", lines[-1])
-            assert match, lines
-            async with aiohttp.ClientSession() as http, http.get(f"{match.group(1)}/kvgate/health") as response:
-                assert response.status == 200
-            while lines[-1] and not any("configuration reloaded (SIGHUP)" in line for line in lines):
-                lines.append((await asyncio.wait_for(process.stderr.readline(), timeout=10)).decode())
-            assert "configuration reloaded (SIGHUP)" in "".join(lines), lines  # the pending hang-up, once ready
-            print(f"\n  {hangups}: {sent} SIGHUP(s) during start-up; served, and reloaded once ready")
-            process.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(process.wait(), timeout=10) == 0
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+    async with running(FakeLLM()) as fake, serve_process("--backend", f"ollama={fake.url}") as served:
+        process, stderr = served.process, served.stderr
+        await until(functools.partial(_imports_under_way, process.pid), timeout_s=20, interval_s=0.001)
+        process.send_signal(signal.SIGHUP)
+        first = asyncio.ensure_future(stderr.readline())
+        sent = 1
+        while hangups.startswith("every") and not first.done() and process.returncode is None:
+            await asyncio.sleep(0.01)  # the hang-ups' rate: one every 10 ms is the attack
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGHUP)
+                sent += 1
+        lines = [(await asyncio.wait_for(first, timeout=20)).decode()]
+        while lines[-1] and "listening on" not in lines[-1]:  # a reload asked for meanwhile may come first
+            lines.append((await asyncio.wait_for(stderr.readline(), timeout=20)).decode())
+        if not lines[-1]:  # its stderr closed: it ended
+            await asyncio.wait_for(process.wait(), timeout=10)
+        assert process.returncode is None, f"killed by a SIGHUP during start-up ({process.returncode})"
+        match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", lines[-1])
+        assert match, lines
+        async with aiohttp.ClientSession() as http, http.get(f"{match.group(1)}/kvgate/health") as response:
+            assert response.status == 200
+        while lines[-1] and not any("configuration reloaded (SIGHUP)" in line for line in lines):
+            lines.append((await asyncio.wait_for(stderr.readline(), timeout=10)).decode())
+        assert "configuration reloaded (SIGHUP)" in "".join(lines), lines  # the pending hang-up, once ready
+        print(f"\n  {hangups}: {sent} SIGHUP(s) during start-up; served, and reloaded once ready")
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), timeout=10) == 0
 
 
 async def test_other_commands_still_end_on_sighup() -> None:

@@ -10,7 +10,6 @@ the context again. The summary requests go through kvgate (the simulator sees th
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +17,9 @@ import aiohttp
 import orjson
 import pytest
 
+from tests.kvsim.helpers import running_sim
 from tests.support.gateway_server import running_gateway
+from tests.support.metrics_text import metric_sum
 
 CONTEXT_TOKENS = 2048
 MODEL, SUMMARY_MODEL = "llama3.1:8b", "phi3:mini"
@@ -29,17 +30,13 @@ WORDS = tuple(_SENTENCE.split(" "))
 @contextlib.asynccontextmanager
 async def simulator() -> AsyncIterator[str]:
     from kvsim.config import SimConfig
-    from kvsim.runner import start_sim
     from tests.tokens.vocab_vectors import warm_sim_tokenizers
 
     config = SimConfig(models=(MODEL, SUMMARY_MODEL), load_s=0.01, time_scale=50.0, min_response_tokens=8,
                        max_response_tokens=24, gen_tokens_per_s=2000.0, prompt_tokens_per_s=500_000.0,
                        tokenizer_cache_dir=warm_sim_tokenizers(MODEL, SUMMARY_MODEL))
-    runner, url = await start_sim(config)
-    try:
+    async with running_sim(config) as url:
         yield url
-    finally:
-        await runner.cleanup()
 
 
 def backend(sim: str) -> dict[str, Any]:
@@ -60,12 +57,7 @@ async def metric(url: str, name: str, **labels: str) -> float:
     """The sum of the samples of ``name`` whose labels include ``labels``."""
     async with aiohttp.ClientSession() as http, http.get(f"{url}/kvgate/metrics") as response:
         text = await response.text()
-    total = 0.0
-    for found in re.finditer(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? ([0-9.e+-]+)$", text, re.MULTILINE):
-        have = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1) or ""))
-        if all(have.get(key) == value for key, value in labels.items()):
-            total += float(found.group(2))
-    return total
+    return metric_sum(text, name, **labels)
 
 
 async def test_a_growing_conversation_is_summarized_once_per_crossing_and_the_summary_reused() -> None:

@@ -28,8 +28,10 @@ import aiohttp
 import orjson
 import pytest
 
+from tests.kvsim.helpers import running_sim
 from tests.support.gateway_server import running_gateway
 from tests.support.llama_server import RunningLlamaServer, run_llama_server
+from tests.support.metrics_text import metric_sum as metric
 from tests.support.tinymodel import write_tiny_model
 
 pytestmark = pytest.mark.llama_server
@@ -67,17 +69,13 @@ def table() -> Iterator[None]:
 @contextlib.asynccontextmanager
 async def simulator() -> AsyncIterator[str]:
     from kvsim.config import SimConfig
-    from kvsim.runner import start_sim
     from tests.tokens.vocab_vectors import warm_sim_tokenizers
 
     config = SimConfig(models=(SIM_MODEL,), load_s=0.01, time_scale=50.0, min_response_tokens=4,
                        max_response_tokens=8, gen_tokens_per_s=2000.0, prompt_tokens_per_s=500_000.0,
                        tokenizer_cache_dir=warm_sim_tokenizers(SIM_MODEL))
-    runner, url = await start_sim(config)
-    try:
+    async with running_sim(config) as url:
         yield url
-    finally:
-        await runner.cleanup()
 
 
 @contextlib.asynccontextmanager
@@ -112,16 +110,6 @@ async def scrape(url: str, path: str) -> str:
     async with aiohttp.ClientSession() as http, http.get(f"{url}{path}") as response:
         assert response.status == 200
         return await response.text()
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """The sum of the samples of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for found in re.finditer(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? ([0-9.e+-]+)$", text, re.MULTILINE):
-        have = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1) or ""))
-        if all(have.get(key) == value for key, value in labels.items()):
-            total += float(found.group(2))
-    return total
 
 
 def summarized(headers: dict[str, str]) -> tuple[int, int, bool]:

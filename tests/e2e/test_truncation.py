@@ -24,7 +24,7 @@ from gateway.observability.truncation import (
 )
 from gateway.observability.truncations import OTHER_MODEL, TruncationLog, model_label
 from kvsim.config import SimConfig
-from kvsim.runner import start_sim
+from tests.kvsim.helpers import running_sim
 from tests.support.fake_backend import Handler, json_answer, serve
 from tests.support.gateway_server import running_gateway
 from tests.support.poll import until
@@ -109,11 +109,8 @@ async def sim() -> AsyncIterator[str]:
     """Ollama loading at num_ctx 4096 whatever a /v1 client does (OLLAMA_CONTEXT_LENGTH)."""
     config = SimConfig(models=(MODEL,), context_length=4096, load_s=0.05, time_scale=50.0,
                        min_response_tokens=2, max_response_tokens=4)
-    runner, url = await start_sim(config)
-    try:
+    async with running_sim(config) as url:
         yield url
-    finally:
-        await runner.cleanup()
 
 
 def _long_prompt() -> str:

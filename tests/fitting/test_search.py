@@ -13,6 +13,12 @@ from gateway.fitting.search import largest_fitting
 
 
 def _search(high: int, counts: list[int], target: int) -> tuple[int | None, int]:
+    found, asked = _asked(high, counts, target)
+    return found, len(asked)
+
+
+def _asked(high: int, counts: list[int], target: int) -> tuple[int | None, list[int]]:
+    """What ``largest_fitting`` finds over ``counts``, and the candidates it had counted, in order."""
     asked: list[int] = []
 
     async def keeping(h: int) -> int:
@@ -26,7 +32,7 @@ def _search(high: int, counts: list[int], target: int) -> tuple[int | None, int]
         found: int | None = await largest_fitting(high, keeping, tokens, target)
         return found
 
-    return asyncio.run(search()), len(asked)
+    return asyncio.run(search()), asked
 
 
 @settings(max_examples=300, deadline=None)
@@ -59,21 +65,4 @@ def test_a_typical_cut_takes_a_handful_of_counts() -> None:
     found, asked = _search(high, counts, 4000)
     assert found == max(h for h in range(high + 1) if counts[h] <= 4000)
     assert asked <= 6, asked
-    assert all(abs(h - found) <= found // 10 for h in asked_at(high, counts, 4000)[1:])  # each near the answer
-
-
-def asked_at(high: int, counts: list[int], target: int) -> list[int]:
-    asked: list[int] = []
-
-    async def keeping(h: int) -> int:
-        asked.append(h)
-        return h
-
-    def tokens(h: int) -> int:
-        return counts[h]
-
-    async def search() -> None:
-        await largest_fitting(high, keeping, tokens, target)
-
-    asyncio.run(search())
-    return asked
+    assert all(abs(h - found) <= found // 10 for h in _asked(high, counts, 4000)[1][1:])  # each near the answer

@@ -233,6 +233,12 @@ def test_go_json_reads_one_value_and_escapes_html() -> None:
     assert json.loads(dumps({"t": "<a&b>"})) == {"t": "<a&b>"}
 
 
+def test_go_json_reads_lone_surrogates_and_bad_bytes_as_replacement_characters() -> None:
+    body = b'{"model":"m\\udcff","messages":[{"content":"hi \\ud83d \\ud83d\\ude00 \xff"}]}'
+    assert read_object(body, "ChatRequest") == {"model": "m\ufffd",
+                                                "messages": [{"content": "hi \ufffd \U0001f600 \ufffd"}]}
+
+
 def test_placement_prefers_one_gpu_then_splits() -> None:
     assert place(10, 10, {0: 100}) == {0: 10}
     assert place(10, 10, {0: 50, 1: 100}) == {1: 10}

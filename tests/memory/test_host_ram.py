@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from gateway.memory.fit_estimate import FIT_TARGET_BYTES, VramRoom, estimate, offload, ram_check
+from gateway.memory.fit_estimate import VramRoom, estimate
 from gateway.memory.host_ram import (
+    FIT_TARGET_BYTES,
     HostRam,
     HostRamUnavailable,
     RamVerdict,
+    offload,
     parse_meminfo,
+    ram_check,
     ram_verdict,
     read_host_ram,
 )
