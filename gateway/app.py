@@ -165,6 +165,7 @@ def create_app(
             await shared.close()
         await stop(gpu_refresher)
         await stop(checks)
+        await step.slots.close()
         await pools.aclose()  # shared calls no request's cancellation ends: ended before the session closes
         await loads.aclose()
         await app[PROBES].aclose()

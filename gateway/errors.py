@@ -130,6 +130,11 @@ class ConnectionsExhausted(ServerBusy, code="connections_exhausted"):
         super().__init__(message, retry_after_s=1.0)
 
 
+class ReplyEnded(RetryLater, status=503, code="reply_ended_by_kvgate"):
+    """A reply that was not streamed, ended by kvgate before it came (``admission.elastic``: its pool had no room
+    for it to grow, and nothing kvgate could end cleanly was left); nothing reached the client yet."""
+
+
 class ModelNotFound(GatewayError, status=404, code="model_not_found"):
     """Raised when a request names a model that no backend lists (after refreshing the lists)."""
 

@@ -38,6 +38,7 @@ from gateway.admission.elastic import Growth
 from gateway.admission.exchange import Exchange, RequestBody, RequestFacts
 from gateway.admission.outcome import response_headers
 from gateway.admission.shared.fencing import FenceSignal, fenced
+from gateway.admission.slot_watch import ended_as_refusal
 from gateway.admission.step import AdmissionStep, Admitted, Refused
 from gateway.admission.tenant_keys import ADMIN_TENANT, Tenant, TenantDirectory
 from gateway.backends import Backend, BackendRegistry
@@ -304,7 +305,7 @@ class Proxy:
             outcome.forwarded_count, exchange.facts.settings.counting.estimate_safety_margin)
         out_of_memory = False
         try:
-            with fenced(self._step.fences(), admitted.lease) as fence:  # shared ledger: ended before it expires
+            with fenced(self._step.fences(), admitted.lease) as fence, ended_as_refusal(admitted.growth):
                 response = await self._forward(exchange, admitted.body, headers, Forwarding(
                     observer, truncation, notice, wait_restart=wait_restart,  # else: the next backend
                     catch_oom=admitted.catches_oom, fence=fence, growth=admitted.growth))

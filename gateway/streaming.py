@@ -123,7 +123,7 @@ class Ended:
 
 async def relay(request: web.Request, upstream: aiohttp.ClientResponse, plan: RelayPlan) -> Relayed:
     """Relay the backend's answer as ``plan`` says; what broke it off, if anything, comes back with the response."""
-    dialect, request_id, idle_s, backend_label = plan.dialect, plan.request_id, plan.idle_s, plan.backend_label
+    dialect, request_id = plan.dialect, plan.request_id
     observer, notice, fence = plan.observer, plan.notice, plan.fence
     headers = downstream_response_headers(upstream.headers, request_id=request_id)
     headers.update(plan.extra_headers)
@@ -142,7 +142,7 @@ async def relay(request: web.Request, upstream: aiohttp.ClientResponse, plan: Re
     held = b""
     held_whole = holding if length is None else length <= hold_bytes
     if kind is None and held_whole:
-        held, whole = await _hold(upstream, hold_bytes, idle_s=idle_s, backend_label=backend_label)
+        held, whole = await _hold(upstream, hold_bytes, idle_s=plan.idle_s, backend_label=plan.backend_label)
         if observer is not None:
             observer.feed(held)
         if whole:
@@ -304,7 +304,7 @@ async def pump(
     assert task is not None
     watchdog = _IdleWatchdog(loop, idle_s, task.cancel, write_s)
     last_write_s = -math.inf
-    growth = plan.growth if observer is not None else None
+    growth = plan.growth if observer is not None and plan.growth is not None and plan.growth.streamed else None
     events = None if growth is None else _EventEdges(stream_kind(upstream.headers.get("Content-Type", "")))
     if growth is not None:
         growth.interrupt = task.cancel  # another reply's growth may end this one (admission/elastic.py)

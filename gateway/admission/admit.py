@@ -202,8 +202,10 @@ class Admitter:
         reply kvgate can follow token by token and end cleanly (a stream of one sequence in a dialect it counts,
         on a unified pool, with no shared ledger: growth is this replica's); None: the whole limit is reserved."""
         elastic = self._config.elastic
-        if (not elastic.enabled or not pool.unified or not parsed.stream or parsed.sequences != 1
-                or not endable(parsed.dialect, parsed.operation)
+        followed = endable(parsed.dialect, parsed.operation) if parsed.stream else (
+            parsed.operation in (Operation.CHAT, Operation.GENERATE)
+            and runtime_for(pool.backend_kind).slot_use_path is not None)  # read from its slots (slot_watch.py)
+        if (not elastic.enabled or not pool.unified or not followed or parsed.sequences != 1
                 or self.room.shared is not None):
             return None
         return self.lengths.expected(pool.key, tenant.name, elastic.quantile)
@@ -240,7 +242,7 @@ class Admitter:
             return _tenant_capped(parsed, raw, limit if capped else None, outcome)
         cost = request_cost(parsed, pool, count, tenant, limit)
         expected = self._expected_output(parsed, pool, tenant)
-        if expected is not None:
+        if expected is not None and (parsed.stream or count.exact):  # a slot is matched to a reply by its prompt
             cost = replace(cost, expected_output_tokens=expected)
         policy = tenant_policy(self._policy, tenant)
         if deadline is not None and deadline[0] < policy.queue_timeout_s:  # a deadline shortens the wait only
@@ -273,7 +275,8 @@ class Admitter:
             context_lowered=None if lowered is None else (lowered.asked_tokens, lowered.loaded_tokens),
             offload=self._pools.offload_for(pool),
         )
-        growth = self.elastic.start(permit, pool, reserved_prompt_tokens(fitted.cost, policy))
+        growth = self.elastic.start(permit, pool, reserved_prompt_tokens(fitted.cost, policy),
+                                    streamed=fitted.parsed.stream)
         return Granted(forwarded, outcome, permit, growth)
 
     async def _acquire_fitting(

@@ -65,6 +65,12 @@ class Growth:
     """Why kvgate ended the reply, once it has."""
     interrupt: Callable[[], object] | None = None
     """The relay's: stop copying now (set while the reply streams)."""
+    streamed: bool = True
+    """Followed by its stream's events; False: by the server's slots (``slot_watch``), and never ended cleanly."""
+    lag_tokens: int | None = None
+    """What it may have generated unseen; None: ``ElasticPools.lag_tokens``."""
+    read_at: tuple[float, int] | None = None
+    """When its slot was last read, and its output then (``slot_watch``)."""
 
     @property
     def held_tokens(self) -> int:
@@ -75,7 +81,8 @@ class Growth:
         """What it may hold on the backend now: the prompt, the output seen, and the tokens that may be generated
         but not yet seen (``ElasticPools.lag_tokens``: on the wire, or in the relay's coalescing); never more than
         its limit, where the backend stops it."""
-        return min(self.limit_tokens, self.prompt_tokens + self.output_tokens + self.owner.lag_tokens)
+        lag = self.owner.lag_tokens if self.lag_tokens is None else self.lag_tokens
+        return min(self.limit_tokens, self.prompt_tokens + self.output_tokens + lag)
 
     @property
     def overshoot_tokens(self) -> int:
@@ -117,12 +124,14 @@ class ElasticPools:
         grow ends one sequence (module docstring)."""
         return max(8, self.step_tokens // 4)
 
-    def start(self, permit: Permit, pool: PoolSpec, prompt_tokens: int) -> Growth | None:
-        """Follow an admitted reply whose reservation is elastic (``Admit.limit_tokens``); None when it is fixed."""
+    def start(self, permit: Permit, pool: PoolSpec, prompt_tokens: int, *, streamed: bool = True) -> Growth | None:
+        """Follow an admitted reply whose reservation is elastic (``Admit.limit_tokens``); None when it is fixed. A
+        reply that is not streamed is read from the server's slots a poll apart: it may generate a step unseen."""
         limit = permit.admit.limit_tokens
         if limit is None:
             return None
-        growth = Growth(permit, pool, prompt_tokens, limit, permit.reservation.tokens, self)
+        growth = Growth(permit, pool, prompt_tokens, limit, permit.reservation.tokens, self, streamed=streamed,
+                        lag_tokens=None if streamed else self.step_tokens)
         self._live.setdefault(pool.key, {})[permit.reservation.id] = growth
         return growth
 
@@ -154,8 +163,12 @@ class ElasticPools:
         return False
 
     def _candidates(self, needing: Growth) -> list[Growth]:
-        live = self._live.get(needing.pool.key, {})
-        return [g for g in live.values() if g.ended is None and (g is needing or g.interrupt is not None)] or [needing]
+        """Who may be ended: the streams that can be ended cleanly (and the one that needs room); a reply that is
+        not streamed only when nothing else is left."""
+        live = [g for g in self._live.get(needing.pool.key, {}).values()
+                if g.ended is None and (g is needing or g.interrupt is not None)]
+        streams = [g for g in live if g.streamed]
+        return streams or live or [needing]
 
     def _end(self, growth: Growth, pool: PoolSpec) -> None:
         growth.ended = (f"kvgate ended this reply at {growth.output_tokens:,} output tokens: the shared KV pool of "

@@ -39,6 +39,7 @@ from gateway.admission.rates import RateLimit
 from gateway.admission.rejections import AdmissionRejected
 from gateway.admission.shared.fencing import Fences
 from gateway.admission.shared.shared_rates import TenantRates
+from gateway.admission.slot_watch import SlotWatch
 from gateway.admission.types import PoolSpec
 from gateway.admission.waiting_room import WaitingRoom
 from gateway.backends import Backend, BackendRegistry
@@ -88,7 +89,9 @@ class Admitted:
     _after: _Reloads | None = None
     _released: bool = False
     growth: Growth | None = None
-    """An elastic reservation, followed as the reply streams (the relay feeds it); None: fixed, or none."""
+    """An elastic reservation, followed as the reply streams (the relay feeds it) or through the server's slots
+    (``slot_watch``); None: fixed, or none."""
+    _slots: SlotWatch | None = None
 
     @property
     def lease(self) -> int | None:
@@ -104,6 +107,8 @@ class Admitted:
         try:
             if self.growth is not None:
                 self.growth.owner.end(self.growth)
+                if self._slots is not None:
+                    self._slots.forget(self.growth)
             if self._permit is not None:
                 self._permit.release()
             if self._after is not None:
@@ -143,6 +148,8 @@ class AdmissionStep:
         self._registry = registry
         self._counter = counter
         self._rates = rates
+        self.slots = SlotWatch()
+        """Elastic replies that are not streamed, read from their server's slots (``slot_watch``)."""
 
     @property
     def room(self) -> WaitingRoom:
@@ -199,7 +206,7 @@ class AdmissionStep:
     async def settle(self, exchange: Exchange) -> None:
         """Once the request is over: charge the tenant's rate what it really generated (charging.settle_rate)."""
         await settle_rate(self._rates, exchange.rate_charge, exchange.usage, exchange.status)
-        if exchange.pool is not None and exchange.status == 200:
+        if exchange.pool is not None and (exchange.status == 200 or exchange.elastic_end is not None):
             output_tokens = exchange.output_tokens if exchange.elastic_end is None else None
             if output_tokens is None and exchange.streamed_tokens is not None:
                 output_tokens = exchange.streamed_tokens  # ended by kvgate, or no usage in the reply
@@ -295,8 +302,11 @@ class AdmissionStep:
             claim.release()
             return Refused(exc)
         exchange.outcome = granted.outcome
+        growth = granted.growth
+        if growth is not None and not growth.streamed:
+            self.slots.follow(growth, backend)
         return Admitted(granted.body, granted.outcome, pool, fit, self._gates_loads(backend), granted.permit,
-                        claim, _Reloads(self, backend, model, at_default), growth=granted.growth)
+                        claim, _Reloads(self, backend, model, at_default), growth=growth, _slots=self.slots)
 
     async def _unreserved(self, exchange: Exchange, backend: Backend, model: str | None) -> Admitted:
         """A request that holds no KV reservation on its backend: its model is loaded through the GPU check when not

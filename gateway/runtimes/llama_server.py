@@ -12,10 +12,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.domain import BackendKind
-from gateway.runtimes.runtime import PoolSource, Runtime, SequenceRule
+from gateway.runtimes.runtime import PoolSource, Runtime, SequenceRule, SlotUse
 
 if TYPE_CHECKING:
     from gateway.backends.client import BackendClient
@@ -33,8 +33,23 @@ class LlamaServerRuntime(Runtime):
     serves_one_model = True
     pool_source = PoolSource.SERVER_PROPS
     reads_server_template = True
+    slot_use_path = "/slots"
     sequences = SequenceRule(honours_n=True, embeddings_hold_kv=True,
                              why="llama-server runs n completions of each prompt")
+
+    def slots_in_use(self, answer: Any) -> list[SlotUse]:
+        """``GET /slots``: per busy slot, ``n_prompt_tokens`` (the cells it holds, generated ones included) less
+        ``next_token.n_decoded`` (a one-element array in the code, an object in the README: both read)."""
+        found: list[SlotUse] = []
+        for slot in answer if isinstance(answer, list) else ():
+            if not isinstance(slot, dict) or slot.get("is_processing") is not True:
+                continue
+            held, nexts = slot.get("n_prompt_tokens"), slot.get("next_token")
+            nxt = nexts[0] if isinstance(nexts, list) and nexts else nexts
+            decoded = nxt.get("n_decoded") if isinstance(nxt, dict) else None
+            if isinstance(held, int) and isinstance(decoded, int) and 0 <= decoded <= held:
+                found.append(SlotUse(held - decoded, decoded))
+        return found
 
     async def profile(self, probes: BackendProbes, backend: Backend, model: str) -> ModelProfile:
         return await probes.llama_server_profile(backend, model)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gateway.domain import NO_OUTPUT_OPERATIONS, BackendKind, Operation, ParsedRequest
 
@@ -57,6 +57,13 @@ class SequenceRule:
     why: str
 
 
+class SlotUse(NamedTuple):
+    """One busy slot: the prompt it holds and the tokens it generated so far."""
+
+    prompt_tokens: int
+    output_tokens: int
+
+
 class Runtime(ABC):
     """One kind of backend server: what it does that the gateway must know (module docstring). Subclasses set the
     class attributes and implement the abstract methods; the defaults are those of a plain OpenAI-compatible server."""
@@ -78,7 +85,14 @@ class Runtime(ABC):
     """The counter chain learns from the prompt sizes the server reports (its tokenizer is read, not asked)."""
     gates_loads = False
     empty_request_loads = False
+    slot_use_path: str | None = None
+    """Where the server says what each slot holds right now (llama-server's ``/slots``): a reply that is not streamed
+    can then have an elastic reservation, followed there (``admission/slot_watch.py``). None: it can't."""
     sequences: SequenceRule
+
+    def slots_in_use(self, answer: Any) -> list[SlotUse]:
+        """The busy slots in the server's answer at ``slot_use_path``: each one's prompt and output tokens."""
+        return []
 
     def model_names(self, listing: dict[str, Any]) -> frozenset[str]:
         """Every name a client may use for the models in a listing."""

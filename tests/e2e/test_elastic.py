@@ -7,6 +7,7 @@ where fixed reservations ran one at a time; long answers that would overrun the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -58,8 +59,8 @@ def _chat(content: str, **extra: Any) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": content}], **extra}
 
 
-async def _warm(http: aiohttp.ClientSession, url: str) -> None:
-    for index in range(WARM):
+async def _warm(http: aiohttp.ClientSession, url: str, count: int = WARM) -> None:
+    for index in range(count):
         reply = await _stream(http, url, _chat(f"{index} {PROMPT}"))
         assert reply["status"] == 200, reply["raw"][:300]
 
@@ -92,7 +93,7 @@ async def test_a_cold_model_reserves_the_whole_limit_and_a_warm_one_its_usual_an
         cold = await _stream(http, url, _chat(PROMPT))
         await _warm(http, url)
         warm = await _stream(http, url, _chat(PROMPT))
-        plain = await _stream(http, url, _chat(PROMPT, stream=False))  # not followed: fixed
+        plain = await _stream(http, url, _chat(PROMPT, stream=False))  # followed through /slots
     rows = []
     for name, reply in (("cold", cold), ("warm", warm), ("not streamed", plain)):
         headers = reply["headers"]
@@ -104,7 +105,7 @@ async def test_a_cold_model_reserves_the_whole_limit_and_a_warm_one_its_usual_an
     assert cold_reserved == cold_prompt + limit  # cold: today's rule
     assert warm_rewrite == cold_rewrite  # the backend is told the same limit: answers are not cut shorter
     assert warm_prompt + 20 <= warm_reserved <= warm_prompt + 128  # p95 of 20..120 tokens, at least the floor
-    assert rows[2][2] == rows[2][1] + limit  # a reply kvgate can't follow keeps the whole limit
+    assert rows[2][2] == warm_reserved  # not streamed: llama-server's /slots say how far it is
     assert all(event.get("kvgate") is None for event in warm["events"])
 
 
@@ -180,3 +181,46 @@ async def test_the_openai_sdk_reads_an_answer_kvgate_ended_as_one_cut_at_its_lim
     assert all(finish == "length" for finish, _, _ in results)
     assert any(extra and "kvgate ended this reply" in extra for _, extra, _ in results)
     assert stats["context_exceeded"] == 0
+
+
+async def _plain(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async with http.post(f"{url}/v1/chat/completions", json={"stream": False, **body}) as response:
+        return response.status, orjson.loads(await response.read())
+
+
+REAL_SPEED = dataclasses.replace(UNIFIED, time_scale=1.0, gen_tokens_per_s=400.0)
+"""A GPU's pace (400 tokens a second a sequence): kvgate reads /slots ten times a second."""
+
+
+async def test_replies_that_are_not_streamed_grow_as_their_slots_fill() -> None:
+    """Long answers not streamed: kvgate reads /slots while they run and grows their holds; the server fails none,
+    and one kvgate must end gets a 503 in the client's format before any byte, never a broken answer."""
+    runner, sim = await start_sim(REAL_SPEED)
+    backends = [{"name": "cpp", "kind": "llama-server", "url": sim}]
+    try:
+        async with running_gateway(backends, admission={"elastic": {"min_samples": 5}}) as url, \
+                aiohttp.ClientSession() as http:
+            await _warm(http, url, 6)
+            replies = await asyncio.gather(*(
+                _plain(http, url, _chat(f"plain {i} {PROMPT}", ignore_eos=True, max_tokens=700)) for i in range(3)))
+            stats = await _sim_stats(http, sim)
+            pool = await _status_pool(http, url)
+    finally:
+        await runner.cleanup()
+    _check_plain(replies, stats, pool)
+
+
+def _check_plain(replies: list[tuple[int, dict[str, Any]]], stats: dict[str, Any], pool: dict[str, Any]) -> None:
+    for status, body in replies:
+        usage = body.get("usage", {})
+        print(f"status {status} completion_tokens {usage.get('completion_tokens')} "
+              f"error {str(body.get('error', {}).get('message'))[:80]}")
+    assert stats["context_exceeded"] == 0 and stats["failed"] == 0
+    assert all(status in (200, 503) for status, _ in replies)
+    assert sum(status == 200 for status, _ in replies) >= 1  # two of 1,200 tokens never fit 2,048 together
+    for status, body in replies:
+        if status == 503:
+            assert body["error"]["code"] == "reply_ended_by_kvgate"
+        else:
+            assert body["usage"]["completion_tokens"] == 700
+    assert pool["reserved_tokens"] == 0 and pool["active_sequences"] == 0
