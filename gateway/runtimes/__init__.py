@@ -31,7 +31,7 @@ from gateway.domain import BackendKind
 from gateway.runtimes.llama_server import LlamaServerRuntime
 from gateway.runtimes.ollama import OllamaRuntime
 from gateway.runtimes.openai_compat import OpenAICompatRuntime
-from gateway.runtimes.runtime import PoolSource, Runtime, SequenceRule
+from gateway.runtimes.runtime import PoolSource, Runtime, SequenceRule, SlotUse
 
 if TYPE_CHECKING:
     from gateway.backends.registry import Backend
@@ -56,4 +56,4 @@ def runtime_for(kind_or_backend: BackendKind | Backend) -> Runtime:
     return _RUNTIMES[backend.kind]
 
 
-__all__ = ["PoolSource", "Runtime", "SequenceRule", "runtime_for"]
+__all__ = ["PoolSource", "Runtime", "SequenceRule", "SlotUse", "runtime_for"]
