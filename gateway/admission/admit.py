@@ -199,14 +199,16 @@ class Admitter:
 
     def _expected_output(self, parsed: ParsedRequest, pool: PoolSpec, tenant: Tenant) -> int | None:
         """What the request's answer will likely take, for an elastic reservation (planner rule 7): only for a
-        reply kvgate can follow token by token and end cleanly (a stream of one sequence in a dialect it counts,
-        on a unified pool, with no shared ledger: growth is this replica's); None: the whole limit is reserved."""
+        reply kvgate can follow (a stream of one sequence in a dialect it counts and can end cleanly, or a reply
+        that is not streamed on a server whose slots it reads) on a unified pool, and, with a shared ledger, only
+        while Redis answers (each growth step is checked there); None: the whole limit is reserved."""
         elastic = self._config.elastic
         followed = endable(parsed.dialect, parsed.operation) if parsed.stream else (
             parsed.operation in (Operation.CHAT, Operation.GENERATE)
             and runtime_for(pool.backend_kind).slot_use_path is not None)  # read from its slots (slot_watch.py)
+        shared = self.room.shared
         if (not elastic.enabled or not pool.unified or not followed or parsed.sequences != 1
-                or self.room.shared is not None):
+                or (shared is not None and not shared.up)):  # Redis away: no growth step can be checked
             return None
         return self.lengths.expected(pool.key, tenant.name, elastic.quantile)
 

@@ -26,8 +26,17 @@ reservation is at least what its reply has used plus the quarter step that cover
 reservations) holds after every step as before.
 
 Only what kvgate can follow is elastic: a stream of one sequence in a dialect whose events it counts (Ollama,
-OpenAI, llama-server chat and completion). A reply that is not streamed, has ``n`` > 1 completions or a batch
-holds a fixed reservation and is never ended by kvgate. Single-threaded, on the event loop, like the ledger.
+OpenAI, llama-server chat and completion), or a reply that is not streamed on a server whose slots kvgate reads
+(``slot_watch``: followed a poll apart, with the slack of two polls; ended only when no stream is left to end, as a
+503 before any byte). ``n`` > 1 completions and batches hold fixed reservations and are never ended by kvgate.
+
+What each reply may have generated unseen is part of its use (``lag_tokens``: an eighth of a step for a stream,
+what two polls take at its rate for a reply read from the slots), so "use fits the hold" covers the backend's truth,
+not only kvgate's count. With a shared ledger, ``grow`` answers False at once and sends the step through Redis
+(``WaitingRoom.grow``, one script call): the hold grows when Redis confirms, between two of the reply's chunks; the
+reply has a quarter step left before it must end anything, which is many Redis round trips.
+
+Single-threaded, on the event loop, like the ledger.
 """
 
 from __future__ import annotations
@@ -69,6 +78,8 @@ class Growth:
     """Followed by its stream's events; False: by the server's slots (``slot_watch``), and never ended cleanly."""
     lag_tokens: int | None = None
     """What it may have generated unseen; None: ``ElasticPools.lag_tokens``."""
+    counted_tokens: int = 0
+    """The hold its last counted step reached (a step through the shared ledger lands between two chunks)."""
     read_at: tuple[float, int] | None = None
     """When its slot was last read, and its output then (``slot_watch``)."""
 
@@ -131,7 +142,7 @@ class ElasticPools:
         if limit is None:
             return None
         growth = Growth(permit, pool, prompt_tokens, limit, permit.reservation.tokens, self, streamed=streamed,
-                        lag_tokens=None if streamed else self.step_tokens)
+                        lag_tokens=None if streamed else self.step_tokens, counted_tokens=permit.reservation.tokens)
         self._live.setdefault(pool.key, {})[permit.reservation.id] = growth
         return growth
 
@@ -146,12 +157,13 @@ class ElasticPools:
         if growth.ended is not None:
             return False
         held, used = growth.held_tokens, growth.used_tokens
+        if held > growth.counted_tokens:  # a step the shared ledger confirmed since (or the one just taken)
+            self._stepped(growth, held)
         if held >= growth.limit_tokens or used + self.step_tokens // 2 <= held:
             return True
         target = min(growth.limit_tokens, max(held, used) + self.step_tokens)
         if self.grow(growth.permit, target, growth.pool):
-            growth.steps += 1
-            self._counts(growth.pool.key).steps_total += 1
+            self._stepped(growth, growth.held_tokens)
             return True
         if used + self.guard_tokens <= held:
             return True  # not yet: others may end before it reaches its last quarter step
@@ -161,6 +173,11 @@ class ElasticPools:
             return True  # its cells come back once its connection is closed; this one grows on its next chunk
         self._end(growth, growth.pool)
         return False
+
+    def _stepped(self, growth: Growth, held: int) -> None:
+        growth.counted_tokens = held
+        growth.steps += 1
+        self._counts(growth.pool.key).steps_total += 1
 
     def _candidates(self, needing: Growth) -> list[Growth]:
         """Who may be ended: the streams that can be ended cleanly (and the one that needs room); a reply that is

@@ -114,6 +114,8 @@ class WaitingRoom:
         self._counters: dict[PoolKey, QueueCounters] = {}
         self._fair: dict[PoolKey, FairClock] = {}
         self._seq = itertools.count()
+        self._growing: dict[int, asyncio.Task[None]] = {}
+        """Growth steps on their way through the shared ledger, by reservation id (one at a time each)."""
 
     @property
     def ledger(self) -> Ledger:
@@ -157,13 +159,34 @@ class WaitingRoom:
         snapshot = self.pool_snapshot(reservation.key)
         if tokens > reservation.tokens and snapshot.reserved_tokens + tokens - reservation.tokens > pool.pool_tokens:
             return False
+        if self._shared is not None:  # final once Redis agrees, across replicas: until then the hold is as it was
+            if reservation.id not in self._growing:
+                self._growing[reservation.id] = asyncio.get_running_loop().create_task(
+                    self._grow_shared(self._shared, permit, tokens, pool))
+            return False
+        return self._resize(permit, tokens)
+
+    def _resize(self, permit: Permit, tokens: int) -> bool:
+        reservation = permit.reservation
         resized = self._ledger.resize(reservation, tokens)
         if resized is None:
             return False
         permit.reservation = resized
+        if self._shared is not None:
+            self._shared.resized(reservation, resized)
         if tokens < reservation.tokens:
             self.redispatch(reservation.key)
         return True
+
+    async def _grow_shared(self, shared: SharedPools, permit: Permit, tokens: int, pool: PoolSpec) -> None:
+        """One growth step through the shared ledger's script; the reply's next chunk finds it taken."""
+        reservation = permit.reservation
+        try:
+            if await shared.resize(reservation, tokens, pool.pool_tokens) and permit.reservation is reservation \
+                    and not permit.released:
+                self._resize(permit, tokens)
+        finally:
+            self._growing.pop(reservation.id, None)
 
     @property
     def shared(self) -> SharedPools | None:

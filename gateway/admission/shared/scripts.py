@@ -253,6 +253,28 @@ if dropped + expired > 0 then announce(ARGV[2], ARGV[3], ARGV[4]) end
 return {dropped, expired, redis.call('HGETALL', KEYS[3])}
 """
 
+RESIZE = _COMMON + """
+-- ARGV: id, tokens (the lease's new size), pool_tokens (-1: no cap), ttl_ms. An elastic reply's growth step
+-- (``admission/elastic.py``): the lease holds ``tokens`` from now on, if the pool across replicas has room for the
+-- difference. Answers 'ok', 'tokens' (no room: nothing changed) or 'missing' (the lease is gone: expired or lost).
+-- Not announced: growth only takes room, and the other replicas read the totals with their next call.
+local expired = purge(now_ms())
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if not v then return {'missing', expired, redis.call('HGETALL', KEYS[3])} end
+local tokens, rest = string.match(v, '^(%d+)(|.*)$')
+local tenant = string.match(v, '^%d+|%d+|[^|]*|(.*)$')
+local delta = tonumber(ARGV[2]) - tonumber(tokens)
+local cap = tonumber(ARGV[3])
+if delta > 0 and cap >= 0 and field('tokens') + delta > cap then
+  return {'tokens', expired, redis.call('HGETALL', KEYS[3])}
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. rest)
+redis.call('HINCRBY', KEYS[3], 'tokens', delta)
+redis.call('HINCRBY', KEYS[3], 't:' .. tenant, delta)
+keep(tonumber(ARGV[4]))
+return {'ok', expired, redis.call('HGETALL', KEYS[3])}
+"""
+
 RENEW = _COMMON + """
 -- ARGV: ttl_ms, channel, pool name, replica, the epoch this replica saw last, then the ids of this replica's live
 -- leases in this pool. Only leases that still exist are extended: one that expired (this replica was cut off for

@@ -211,6 +211,26 @@ class SharedPools:
         self._saw(key, answer)
         return answer.verdict == "ok"
 
+    async def resize(self, reservation: Reservation, tokens: int, pool_tokens: int) -> bool:
+        """An elastic reply's growth step across replicas (one script call): True when its lease now holds
+        ``tokens`` (the caller then resizes its own ledger, and tells ``resized``); False when the pool has no room
+        across replicas, the lease is gone, or Redis is away (no growth without the shared check)."""
+        if not self.up or self._mine.get(reservation.key, {}).get(reservation.id) is not reservation:
+            return False
+        try:
+            answer = await self.store.resize(reservation, tokens, pool_tokens, self._config.lease_ttl_s)
+        except StoreUnreachable as exc:
+            self.went_down(str(exc))
+            return False
+        self._saw(reservation.key, answer)
+        return answer.verdict == "ok"
+
+    def resized(self, reservation: Reservation, resized: Reservation) -> None:
+        """The local ledger's reservation after a growth step: renewals and re-adds carry its size from now on."""
+        mine = self._mine.get(reservation.key)
+        if mine is not None and mine.get(reservation.id) is reservation:
+            mine[reservation.id] = resized
+
     def release(self, reservation: Reservation) -> None:
         """Drop the lease (in the background: the caller never waits on Redis to free a request)."""
         self.fences.forget(reservation.id)

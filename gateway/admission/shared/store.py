@@ -161,6 +161,7 @@ class SharedStore:
         self.epoch = ""  # the epoch of Redis's data this store last saw (``scripts.epoch``): a restart shows
         self._reserve = client.register_script(scripts.RESERVE)
         self._release = client.register_script(scripts.RELEASE)
+        self._resize = client.register_script(scripts.RESIZE)
         self._renew = client.register_script(scripts.RENEW)
         self._epoch = client.register_script(scripts.EPOCH)
         self._totals = client.register_script(scripts.TOTALS)
@@ -222,6 +223,11 @@ class SharedStore:
     async def release(self, reservation: Reservation) -> Answer:
         args = [self.lease_id(reservation), *self._herald(reservation.key)]
         return await self._call(self._release, _names(self._prefix, reservation.key), args)
+
+    async def resize(self, reservation: Reservation, tokens: int, pool_tokens: int | None, ttl_s: float) -> Answer:
+        """The lease holds ``tokens`` from now on, if the pool across replicas has room (``scripts.RESIZE``)."""
+        args: list[str | int | float] = [self.lease_id(reservation), tokens, _or_none(pool_tokens), _ms(ttl_s)]
+        return await self._call(self._resize, _names(self._prefix, reservation.key), args)
 
     async def learn_epoch(self) -> None:
         """Read Redis's epoch (``scripts.EPOCH``), as this replica starts: a restart empty is then noticed whichever
