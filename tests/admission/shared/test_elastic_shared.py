@@ -12,7 +12,7 @@ from contextlib import AsyncExitStack
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.admission import Ledger, PoolSpec, RequestCost, WaitingRoom
+from gateway.admission import PoolSpec, RequestCost, WaitingRoom
 from gateway.admission.elastic import ElasticPools
 from gateway.admission.types import Policy
 from tests.admission.shared.test_replicas import fast, replica
