@@ -46,7 +46,7 @@ async def test_three_replicas_growing_replies_never_overrun_the_pool(rooms: list
     peak_tokens = peak_replies = 0
     for _ in range(10_000):
         await asyncio.sleep(0.0005)  # a token a tick: Redis answers a growth step within a tick or two
-        for room, elastic, reply in placed:
+        for _room, elastic, reply in placed:
             if reply.done or reply.permit is None:
                 continue
             growth = reply.growth
