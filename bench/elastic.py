@@ -152,7 +152,7 @@ async def _get_json(http: aiohttp.ClientSession, url: str) -> Any:
 async def _sample(http: aiohttp.ClientSession, backend: Backend, kvgate: str | None, run: Round) -> None:
     """Until cancelled: the backend's KV in use and kvgate's reservations, as shares of the pool."""
     while True:
-        with contextlib.suppress(aiohttp.ClientError, ValueError, KeyError, TypeError):
+        with contextlib.suppress(aiohttp.ClientError, ValueError, KeyError, TypeError, AttributeError):
             slots = await _get_json(http, f"{backend.url}/slots")
             used = sum(int(s.get("n_prompt_tokens", 0)) + sum(int(t.get("n_decoded", 0))
                                                                for t in s.get("next_token") or ())
@@ -181,7 +181,7 @@ async def _idle(http: aiohttp.ClientSession, backend: Backend, deadline_s: float
     """Until no slot of the backend is busy (the previous arm's cut or failed sequences have stopped)."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        with contextlib.suppress(aiohttp.ClientError, ValueError):
+        with contextlib.suppress(aiohttp.ClientError, ValueError, AttributeError):
             if not any(s.get("is_processing") for s in await _get_json(http, f"{backend.url}/slots")):
                 return
         await asyncio.sleep(0.05)
