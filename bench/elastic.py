@@ -288,7 +288,10 @@ async def measure(backend: Backend, *, rounds: int, requests: int, warm: int, mi
                   log_dir: Path, seed: int = 25) -> dict[str, dict[str, list[Round]]]:
     rng = random.Random(seed)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http:
+    # A new connection per request, for every arm alike: llama-server closes a connection after an error, and a
+    # request written into one that is closing fails without reaching it.
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         await _wait_up(http, f"{backend.url}/health", None, log_dir / "sim.log")
         async with kvgate(http, backend, False, log_dir) as fixed, kvgate(http, backend, True, log_dir) as elastic:
             urls = {DIRECT: (backend.url, None), FIXED: (fixed, fixed), ELASTIC: (elastic, elastic)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,8 +58,8 @@ class Round:
 
     @property
     def failures(self) -> int:
-        """Failed as the client saw them (status, error event, no end) or as the simulator counted them."""
-        return max(sum(r.failed for r in self.replies), self.backend_failed)
+        """Failed as the client saw them: not 200, an error event, or no end of stream."""
+        return sum(r.failed for r in self.replies)
 
     @property
     def tokens_per_s(self) -> float:
@@ -103,6 +104,7 @@ class Merged:
         return {
             "requests": len(replies), "completed": sum(not r.failed for r in replies),
             "long": sum(r.long for r in replies), "failures": sum(r.failures for r in self.rounds),
+            "backend_failed": sum(r.backend_failed for r in self.rounds),
             "cut": sum(r.cut for r in replies), "ended_by_kvgate": sum(r.ended_by_kvgate for r in self.rounds),
             "elastic": sum(r.elastic for r in self.rounds),
             "wall_s": self.median("wall_s"), "requests_per_s": self.median("requests_per_s"),
@@ -111,7 +113,7 @@ class Merged:
             "kv_used": _mean([s for r in self.rounds for s in r.kv_used]),
             "reserved": _mean([s for r in self.rounds for s in r.reserved]),
             "prompt_tokens": statistics.median(prompts) if prompts else None,
-            "errors": sorted({r.error[:120] for r in replies if r.error})[:3],
+            "errors": [f"{n}x {text}" for text, n in Counter(r.error[:120] for r in replies if r.error).most_common(3)],
         }
 
 
@@ -125,11 +127,15 @@ HEADER = (f"{'mix':<16} {'arm':<15} {'done':>5} {'fail':>4} {'cut':>4} {'long':>
           f"{'tok/s':>7} {'ttft p50':>8} {'ttft p95':>8} {'KV used':>7} {'reserved':>8}")
 
 
+def _or_dash(value: float, form: str, unit: str = "") -> str:
+    return "-" if value != value else format(value, form) + unit  # NaN: nothing to measure
+
+
 def _row(mix: str, arm: str, s: dict[str, Any]) -> str:
-    reserved = "-" if s["reserved"] != s["reserved"] else f"{s['reserved']:.0%}"
     return (f"{mix:<16} {arm:<15} {s['completed']:>5} {s['failures']:>4} {s['cut']:>4} {s['long']:>4} "
-            f"{s['wall_s']:>7.2f} {s['requests_per_s']:>6.2f} {s['tokens_per_s']:>7.0f} {s['ttft_p50_ms']:>6.0f}ms "
-            f"{s['ttft_p95_ms']:>6.0f}ms {s['kv_used']:>7.0%} {reserved:>8}")
+            f"{s['wall_s']:>7.2f} {s['requests_per_s']:>6.2f} {s['tokens_per_s']:>7.0f} "
+            f"{_or_dash(s['ttft_p50_ms'], '.0f', 'ms'):>8} {_or_dash(s['ttft_p95_ms'], '.0f', 'ms'):>8} "
+            f"{_or_dash(s['kv_used'], '.0%'):>7} {_or_dash(s['reserved'], '.0%'):>8}")
 
 
 def _verdict(ok: bool) -> str:
@@ -140,9 +146,10 @@ def targets(runs: dict[str, dict[str, list[Round]]]) -> list[tuple[str, bool | N
     """(line, met) for every target; met None: reported, not a target."""
     summaries = {mix: {arm: Merged(rounds).summary() for arm, rounds in arms.items()} for mix, arms in runs.items()}
     lines: list[tuple[str, bool | None]] = []
-    failures = {mix: s[ELASTIC]["failures"] for mix, s in summaries.items()}
-    fixed_failures = {mix: s[FIXED]["failures"] for mix, s in summaries.items()}
-    lines.append((f"backend failures through kvgate elastic = 0: {failures} (fixed: {fixed_failures})",
+    failures = {mix: s[ELASTIC]["failures"] + s[ELASTIC]["backend_failed"] for mix, s in summaries.items()}
+    fixed_failures = {mix: s[FIXED]["failures"] + s[FIXED]["backend_failed"] for mix, s in summaries.items()}
+    lines.append((f"backend failures through kvgate elastic = 0 (client's and simulator's): {failures} "
+                  f"(fixed: {fixed_failures})",
                   all(v == 0 for v in failures.values())))
     if SHORT in summaries:
         cut = summaries[SHORT][ELASTIC]["cut"]
@@ -176,8 +183,9 @@ def render(title: str, runs: dict[str, dict[str, list[Round]]]) -> str:
         for arm, arm_rounds in arms.items():
             lines.append(_row(mix, arm, Merged(arm_rounds).summary()))
     count = len(next(iter(next(iter(runs.values())).values())))
-    lines.append(f"(done/fail/cut/long: requests summed over {count} round(s); wall, req/s, tok/s: the median round; "
-                 "tok/s counts the tokens of completed replies; ttft: all completed replies pooled; KV used: the "
+    lines.append(f"(done/fail/cut/long: requests summed, as the client saw them, over {count} round(s); wall, "
+                 "req/s, tok/s: the median round; tok/s counts the tokens of completed replies; ttft: all completed "
+                 "replies pooled; KV used: the "
                  "backend's /slots (prompt + decoded of busy slots) / pool, mean of 10 Hz samples; reserved: "
                  "kvgate's /kvgate/status reserved / capacity, same samples)")
     prompts = [Merged(r).summary()["prompt_tokens"] for arms in runs.values() for r in arms.values()]
@@ -186,6 +194,8 @@ def render(title: str, runs: dict[str, dict[str, list[Round]]]) -> str:
         lines.append(f"(prompts: median {statistics.median(counted):.0f} tokens, kvgate's count)")
     for mix, arms in runs.items():
         counts = {arm: Merged(arms[arm]).summary() for arm in (FIXED, ELASTIC)}
+        own = ", ".join(f"{arm} {Merged(rounds).summary()['backend_failed']}" for arm, rounds in arms.items())
+        lines.append(f"(the simulator's own context_exceeded + failed, {mix}: {own}; 0 on a real server)")
         lines.append(f"(status page, {mix}: elastic_total " + ", ".join(
             f"{arm} {c['elastic']}, ended_by_kvgate_total {c['ended_by_kvgate']}" for arm, c in counts.items())
             + ")")
