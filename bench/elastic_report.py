@@ -42,7 +42,8 @@ class Round:
     replies: list[Reply]
     wall_s: float
     backend_failed: int = 0
-    """The simulator's own count (``/sim/stats`` context_exceeded + failed) during the run; 0 on a real server."""
+    """The simulator's own count (``/sim/stats`` failed: context_exceeded among them) during the run; 0 on a real
+    server."""
     kv_used: list[float] = field(default_factory=list)
     """Samples of the backend's KV cells in use (``/slots``: prompt + decoded of the busy slots) / its pool."""
     reserved: list[float] = field(default_factory=list)
@@ -195,7 +196,7 @@ def render(title: str, runs: dict[str, dict[str, list[Round]]]) -> str:
     for mix, arms in runs.items():
         counts = {arm: Merged(arms[arm]).summary() for arm in (FIXED, ELASTIC)}
         own = ", ".join(f"{arm} {Merged(rounds).summary()['backend_failed']}" for arm, rounds in arms.items())
-        lines.append(f"(the simulator's own context_exceeded + failed, {mix}: {own}; 0 on a real server)")
+        lines.append(f"(the simulator's own failed requests, {mix}: {own}; 0 on a real server)")
         lines.append(f"(status page, {mix}: elastic_total " + ", ".join(
             f"{arm} {c['elastic']}, ended_by_kvgate_total {c['ended_by_kvgate']}" for arm, c in counts.items())
             + ")")
