@@ -90,7 +90,8 @@ function gpuCard(gpu) {
 // --- one KV pool: reserved vs capacity, the sequences holding it, and its requests by outcome ---
 
 // The counts since start, each as <b data-count=NAME>: decisions a request may count in several of, and refusals.
-const COUNTS = [["admitted", "admitted"], ["queued", "after a wait"], ["clamped", "clamped"], ["pinned", "num_ctx pinned"],
+const COUNTS = [["admitted", "admitted"], ["queued", "after a wait"], ["elastic", "elastic"],
+  ["ended_by_kvgate", "ended by kvgate (no room to grow)"], ["clamped", "clamped"], ["pinned", "num_ctx pinned"],
   ["context_lowered", "context lowered"], ["trimmed", "trimmed"], ["summarized", "summarized"],
   ["summary_failed", "summaries failed"], ["forwarded_without_pool", "forwarded without a pool"], ["refused", "refused"]];
 
