@@ -254,6 +254,8 @@ async def _run_on(config: str, hosts: list[str], plan: list[Planned], scale: Sca
             run.probes.append(await send(http, urls[i % len(urls)], probe, scale))
         run.lost_races = sum(_shared_count(app, "lost_races_total") for _, app in gateways)
         run.turns_kept = sum(_shared_count(app, "turns_kept_total") for _, app in gateways)
+        run.elastic_steps = sum(_elastic_count(app, "steps_total") for _, app in gateways)
+        run.elastic_ends = sum(_elastic_count(app, "cuts_total") for _, app in gateways)
     return run
 
 
@@ -263,6 +265,12 @@ async def _watch_lag(lag_ms: list[float], every_s: float = 0.02) -> None:
         asked_s = time.perf_counter()
         await asyncio.sleep(every_s)
         lag_ms.append((time.perf_counter() - asked_s - every_s) * 1000)
+
+
+def _elastic_count(app: Any, counter: str) -> int:
+    """Elastic reservations' growth steps or ends on one replica, over its pools (gateway/admission/elastic.py)."""
+    from gateway.app import ADMITTER
+    return sum(int(getattr(counts, counter)) for counts in app[ADMITTER].elastic.counts.values())
 
 
 def _shared_count(app: Any, counter: str) -> int:

@@ -107,6 +107,8 @@ class Summary:
     lost_races: int
     turns_kept: int
     lag_ms: list[float]
+    elastic_steps: int = 0
+    elastic_ends: int = 0
 
     @property
     def added_median_ms(self) -> float:
@@ -132,7 +134,7 @@ def summarise(run: Run) -> Summary:
     return Summary(run.config, len(run.answers), sum(a.status == 200 and not a.out_of_memory for a in run.answers),
                    refused, sum(a.out_of_memory for a in run.answers), other,
                    sum(1 for a in run.answers if a.wait_s), shares(run), added, loaded,
-                   run.wall_s, run.lost_races, run.turns_kept, run.lag_ms)
+                   run.wall_s, run.lost_races, run.turns_kept, run.lag_ms, run.elastic_steps, run.elastic_ends)
 
 
 def share_target(tenant: str, single: Summary | None) -> tuple[float, str]:
@@ -190,6 +192,9 @@ def render(plan: list[Planned], scale: Scale, summaries: dict[str, Summary]) -> 
                      f"{s.added_p99_ms:>7.2f} ms {_median(s.loaded_ms):>10.1f} ms {_quantile(s.lag_ms, 0.99):>9.1f} ms "
                      f"{s.wall_s:>6.1f}s")
     for s in summaries.values():
+        lines.append(f"  {s.config} elastic reservations: {s.elastic_steps:,} growth steps, {s.elastic_ends} replies "
+                     "ended by kvgate")
+    for s in summaries.values():
         if s.refused:
             lines.append(f"  {s.config} refused: " + ", ".join(f"{n} x {why}" for why, n in sorted(s.refused.items())))
     lines += ["", "reserved tokens admitted in the contended windows, share against the weighted max-min fair share:",
@@ -212,6 +217,7 @@ def render(plan: list[Planned], scale: Scale, summaries: dict[str, Summary]) -> 
 def summary_json(s: Summary) -> dict[str, Any]:
     return {"requests": s.requests, "ok": s.ok, "refused": s.refused, "out_of_memory": s.out_of_memory,
             "other_errors": s.other_errors, "queued": s.queued, "lost_races": s.lost_races, "turns_kept": s.turns_kept,
+            "elastic_steps": s.elastic_steps, "elastic_ends": s.elastic_ends,
             "wall_s": round(s.wall_s, 2), "loop_lag_p99_ms": round(_quantile(s.lag_ms, 0.99), 2),
             "added_ms": {"median": round(s.added_median_ms, 3),
                                                        "p99": round(s.added_p99_ms, 3), "samples": len(s.added_ms)},

@@ -180,5 +180,7 @@ class Run:
     wall_s: float = 0.0
     lost_races: int = 0
     turns_kept: int = 0
+    elastic_steps: int = 0  # growth steps of elastic reservations (through Redis when shared)
+    elastic_ends: int = 0  # replies kvgate ended for want of room to grow
     lag_ms: list[float] = field(default_factory=list)
     probes: list[Answer] = field(default_factory=list)

@@ -204,7 +204,7 @@ class Admitter:
         while Redis answers (each growth step is checked there); None: the whole limit is reserved."""
         elastic = self._config.elastic
         followed = endable(parsed.dialect, parsed.operation) if parsed.stream else (
-            parsed.operation in (Operation.CHAT, Operation.GENERATE)
+            elastic.not_streamed and parsed.operation in (Operation.CHAT, Operation.GENERATE)
             and runtime_for(pool.backend_kind).slot_use_path is not None)  # read from its slots (slot_watch.py)
         shared = self.room.shared
         if (not elastic.enabled or not pool.unified or not followed or parsed.sequences != 1

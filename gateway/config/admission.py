@@ -26,6 +26,10 @@ class ElasticSettings(Strict):
                         "distribution keeps")
     step_tokens: int = Field(default=64, ge=8, description="how much a reservation grows at a time, once a "
                              "reply comes within half of it of its end")
+    not_streamed: bool = Field(
+        default=False, description="replies that are not streamed are elastic too, on llama-server (followed through "
+        "its /slots); one kvgate must end gets a 503 reply_ended_by_kvgate, as it can't be ended with a final event",
+    )
     admit_watermark: float = Field(
         default=0.90, gt=0, le=1, description="elastic requests are admitted while the pool's reservations stay "
         "below this share of its cells; the rest is kept for growth",

@@ -89,7 +89,8 @@ async def _status_pool(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
 
 async def test_a_cold_model_reserves_the_whole_limit_and_a_warm_one_its_usual_answer(sim: str) -> None:
     backends = [{"name": "cpp", "kind": "llama-server", "url": sim}]
-    async with running_gateway(backends) as url, aiohttp.ClientSession() as http:
+    async with running_gateway(backends, admission={"elastic": {"not_streamed": True}}) as url, \
+            aiohttp.ClientSession() as http:
         cold = await _stream(http, url, _chat(PROMPT))
         await _warm(http, url)
         warm = await _stream(http, url, _chat(PROMPT))
@@ -198,7 +199,7 @@ async def test_replies_that_are_not_streamed_grow_as_their_slots_fill() -> None:
     runner, sim = await start_sim(REAL_SPEED)
     backends = [{"name": "cpp", "kind": "llama-server", "url": sim}]
     try:
-        async with running_gateway(backends, admission={"elastic": {"min_samples": 5}}) as url, \
+        async with running_gateway(backends, admission={"elastic": {"min_samples": 5, "not_streamed": True}}) as url, \
                 aiohttp.ClientSession() as http:
             await _warm(http, url, 6)
             replies = await asyncio.gather(*(
@@ -224,3 +225,14 @@ def _check_plain(replies: list[tuple[int, dict[str, Any]]], stats: dict[str, Any
         else:
             assert body["usage"]["completion_tokens"] == 700
     assert pool["reserved_tokens"] == 0 and pool["active_sequences"] == 0
+
+
+async def test_replies_that_are_not_streamed_keep_fixed_reservations_by_default(sim: str) -> None:
+    backends = [{"name": "cpp", "kind": "llama-server", "url": sim}]
+    async with running_gateway(backends) as url, aiohttp.ClientSession() as http:
+        await _warm(http, url)
+        plain = await _stream(http, url, _chat(PROMPT, stream=False))
+        streamed = await _stream(http, url, _chat(PROMPT))
+    reserved = int(plain["headers"]["X-Kvgate-Reserved-Tokens"])
+    assert reserved == int(plain["headers"]["X-Kvgate-Prompt-Tokens"]) + 1024  # the whole limit: never a 503
+    assert int(streamed["headers"]["X-Kvgate-Reserved-Tokens"]) < reserved
