@@ -49,24 +49,30 @@ async def _admit(room: WaitingRoom, elastic: ElasticPools, reply: Reply) -> None
 
 def _tick(replies: list[Reply], elastic: ElasticPools, rng: random.Random) -> None:
     for reply in replies:
-        if reply.done or reply.permit is None:
-            continue
-        growth = reply.growth
-        if reply.stopping == 0 or (reply.stopping < 0 and reply.generated >= min(reply.length, reply.limit)):
-            if growth is not None:
-                elastic.end(growth)
-            reply.permit.release()
-            reply.done = True
-            continue
-        if reply.stopping > 0:
-            reply.stopping -= 1
-        reply.generated += 1  # the backend generates until it notices the closed connection
-        if growth is not None and reply.stopping < 0 and growth.ended is None:
-            seen = max(0, reply.generated - rng.randint(0, reply.lag))
-            if not growth.seen(seen):
-                reply.stopping = 1
-        if growth is not None and growth.ended is not None and reply.stopping < 0:
-            reply.stopping = 1  # another's growth ended it: its relay stops, the connection closes
+        tick(reply, elastic, rng)
+
+
+def tick(reply: Reply, elastic: ElasticPools, rng: random.Random) -> None:
+    """One token's time for one reply: it ends (its own end, or a tick after kvgate ended it) or generates a token,
+    which kvgate sees ``lag`` tokens late."""
+    if reply.done or reply.permit is None:
+        return
+    growth = reply.growth
+    if reply.stopping == 0 or (reply.stopping < 0 and reply.generated >= min(reply.length, reply.limit)):
+        if growth is not None:
+            elastic.end(growth)
+        reply.permit.release()
+        reply.done = True
+        return
+    if reply.stopping > 0:
+        reply.stopping -= 1
+    reply.generated += 1  # the backend generates until it notices the closed connection
+    if growth is not None and reply.stopping < 0 and growth.ended is None:
+        seen = max(0, reply.generated - rng.randint(0, reply.lag))
+        if not growth.seen(seen):
+            reply.stopping = 1
+    if growth is not None and growth.ended is not None and reply.stopping < 0:
+        reply.stopping = 1  # another's growth ended it: its relay stops, the connection closes
 
 
 def _check(room: WaitingRoom, elastic: ElasticPools, replies: list[Reply]) -> None:

@@ -16,7 +16,7 @@ from gateway.admission import PoolSpec, RequestCost, WaitingRoom
 from gateway.admission.elastic import ElasticPools
 from gateway.admission.types import Policy
 from tests.admission.shared.test_replicas import fast, replica
-from tests.admission.test_elastic import Reply
+from tests.admission.test_elastic import Reply, tick
 
 POOL = PoolSpec.unified_pool("ls", "", pool_tokens=4_096, slots=8)
 POLICY = Policy(queue_timeout_s=30.0, elastic_watermark=0.9, elastic_floor_tokens=64)
@@ -47,23 +47,7 @@ async def test_three_replicas_growing_replies_never_overrun_the_pool(rooms: list
     for _ in range(10_000):
         await asyncio.sleep(0.0005)  # a token a tick: Redis answers a growth step within a tick or two
         for _room, elastic, reply in placed:
-            if reply.done or reply.permit is None:
-                continue
-            growth = reply.growth
-            if reply.stopping == 0 or (reply.stopping < 0 and reply.generated >= min(reply.length, reply.limit)):
-                if growth is not None:
-                    elastic.end(growth)
-                reply.permit.release()
-                reply.done = True
-                continue
-            if reply.stopping > 0:
-                reply.stopping -= 1
-            reply.generated += 1
-            if growth is not None and reply.stopping < 0 and growth.ended is None \
-                    and not growth.seen(max(0, reply.generated - rng.randint(0, reply.lag))):
-                reply.stopping = 1
-            if growth is not None and growth.ended is not None and reply.stopping < 0:
-                reply.stopping = 1
+            tick(reply, elastic, rng)
         running = [r for _, _, r in placed if r.permit is not None and not r.done]
         held = sum(r.actual for r in running)
         assert held <= POOL.pool_tokens, held
