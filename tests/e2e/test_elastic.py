@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from kvsim.config import SimConfig
-from kvsim.runner import start_sim
+from tests.kvsim.helpers import running_sim
 from tests.support.gateway_server import running_gateway
 
 PROMPT = "tell me about the weather in the hills " * 60  # ~500 tokens with the chat template
@@ -30,11 +30,8 @@ WARM = 24  # more than admission.elastic.min_samples (20)
 
 @pytest.fixture
 async def sim() -> AsyncIterator[str]:
-    runner, url = await start_sim(UNIFIED)
-    try:
+    async with running_sim(UNIFIED) as url:
         yield url
-    finally:
-        await runner.cleanup()
 
 
 async def _stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -196,9 +193,8 @@ REAL_SPEED = dataclasses.replace(UNIFIED, time_scale=1.0, gen_tokens_per_s=400.0
 async def test_replies_that_are_not_streamed_grow_as_their_slots_fill() -> None:
     """Long answers not streamed: kvgate reads /slots while they run and grows their holds; the server fails none,
     and one kvgate must end gets a 503 in the client's format before any byte, never a broken answer."""
-    runner, sim = await start_sim(REAL_SPEED)
-    backends = [{"name": "cpp", "kind": "llama-server", "url": sim}]
-    try:
+    async with running_sim(REAL_SPEED) as sim:
+        backends = [{"name": "cpp", "kind": "llama-server", "url": sim}]
         async with running_gateway(backends, admission={"elastic": {"min_samples": 5, "not_streamed": True}}) as url, \
                 aiohttp.ClientSession() as http:
             await _warm(http, url, 6)
@@ -206,8 +202,6 @@ async def test_replies_that_are_not_streamed_grow_as_their_slots_fill() -> None:
                 _plain(http, url, _chat(f"plain {i} {PROMPT}", ignore_eos=True, max_tokens=700)) for i in range(3)))
             stats = await _sim_stats(http, sim)
             pool = await _status_pool(http, url)
-    finally:
-        await runner.cleanup()
     _check_plain(replies, stats, pool)
 
 

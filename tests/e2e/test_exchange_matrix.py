@@ -52,7 +52,7 @@ from gateway.config.settings import load_settings
 from gateway.observability.logs import RequestIdFilter
 from kvsim.config import SimConfig
 from kvsim.gpu.exporter import EXPORTER_PATH
-from kvsim.runner import start_sim
+from tests.kvsim.helpers import running_sim
 from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.llama_server import free_port
 from tests.support.poll import until
@@ -308,15 +308,6 @@ async def gateway(backends: list[dict[str, Any]]) -> AsyncIterator[Target]:
 
 
 @contextlib.asynccontextmanager
-async def simulator(config: SimConfig) -> AsyncIterator[str]:
-    runner, url = await start_sim(config)
-    try:
-        yield url
-    finally:
-        await runner.cleanup()
-
-
-@contextlib.asynccontextmanager
 async def targets() -> AsyncIterator[dict[str, Target]]:
     fakes = {
         "slow": FakeLLM(Script(models=("slow:1b",), first_byte_delay_s=SLOW_S)),
@@ -325,8 +316,8 @@ async def targets() -> AsyncIterator[dict[str, Target]]:
         "hold": FakeLLM(Script(models=("hold:1b",), hold_after_chunks=1)),
     }
     async with contextlib.AsyncExitStack() as stack:
-        ollama_sim = await stack.enter_async_context(simulator(OLLAMA_SIM))
-        llama_sim = await stack.enter_async_context(simulator(LLAMA_SIM))
+        ollama_sim = await stack.enter_async_context(running_sim(OLLAMA_SIM))
+        llama_sim = await stack.enter_async_context(running_sim(LLAMA_SIM))
         for fake in fakes.values():
             await stack.enter_async_context(running(fake))
         ollama = [{"name": "sim", "url": ollama_sim, "vram": ollama_sim + EXPORTER_PATH, "vram_refresh_s": 0.01,
