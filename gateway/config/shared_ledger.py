@@ -33,6 +33,10 @@ class SharedLedgerSettings(Strict):
         "read again; a release on any replica wakes them at once too (Redis publishes it)",
     )
     timeout_s: float = Field(default=1.0, gt=0, le=30.0, description="one Redis call, connection included")
+    connections: int = Field(
+        default=32, ge=1, le=1024, description="Redis connections this replica keeps at most; a call while all are "
+        "busy waits for one (within timeout_s) rather than failing",
+    )
     on_unreachable: Literal["refuse", "local_share"] = Field(
         default="refuse", description="Redis unreachable: 'refuse' new work (503 with Retry-After), or "
         "'local_share': each replica admits into its share of every pool (1 / replicas) until Redis is back",

@@ -25,10 +25,12 @@ Every script first drops the leases whose expiry has passed (their replica stopp
 cut off), so a dead replica's reservations are gone within ``lease_ttl_s`` of its last renewal, and every script
 answers with the pool's totals (a flat HGETALL) so the caller's view of the other replicas stays fresh. Time is
 Redis's (``TIME``), never a replica's clock: replicas with skewed clocks agree on what has expired. Every write
-refreshes the keys' own expiry, so the pools of a fleet that is gone disappear from Redis too. Every change of a pool
-(a lease added, released or expired, a waiter come or gone) is published on the ledger's channel as JSON
-``[pool name, waiting, flat totals, replica]``: every replica's view of every pool stays fresh for routing and
-planning, and the replicas with requests waiting for that pool try again at once instead of at their next poll.
+refreshes the keys' own expiry, so the pools of a fleet that is gone disappear from Redis too. A change of a pool
+while requests wait for it (a lease added, released or expired), and every change of its queue (a waiter come, served
+or gone), is published on the ledger's channel as JSON ``[pool name, waiting, flat totals, replica]``: the replicas
+with requests waiting for that pool try again at once instead of at their next poll, and every replica knows whether
+anyone waits. While nobody waits nothing is published: every replica would decode every other replica's every
+change (the cost grew with the square of the replicas), and a replica's own calls bring it the totals anyway.
 """
 
 from __future__ import annotations
@@ -90,10 +92,11 @@ end
 local function field(name)
   return tonumber(redis.call('HGET', KEYS[3], name) or '0')
 end
-local function announce(channel, pool, replica)
-  -- the pool changed: tell every replica its totals and how many wait (they route and plan by them, and those
-  -- with requests waiting for it try again at once); the replica that changed it knows already
-  if channel ~= '' then
+local function announce(channel, pool, replica, queue_changed)
+  -- the pool changed while requests wait for it (or its queue itself changed): tell every replica its totals and
+  -- how many wait (those with requests waiting try again at once; a replica that hears of waiters sends its
+  -- releases at once). Nobody waiting: nothing is published (every script's answer brings the totals anyway)
+  if channel ~= '' and (queue_changed or redis.call('ZCARD', KEYS[4]) > 0) then
     redis.call('PUBLISH', channel,
       cjson.encode({pool, redis.call('ZCARD', KEYS[4]), redis.call('HGETALL', KEYS[3]), replica}))
   end
@@ -175,9 +178,12 @@ RESERVE = _COMMON + _WAITERS + """
 -- ARGV: 1 id, 2 value, 3 tokens, 4 seqs, 5 tenant, 6 ttl_ms, 7 slots, 8 pool_tokens (-1: split pool),
 --       9 tenant_cap (-1), 10 tenant_share (-1), 11 waiter id ('': it did not queue), 12 overtake_ms, 13 weight,
 --       14 priority, 15 channel, 16 pool name, 17 replica, 18 '1': add back the lease of a request that still runs
---       (capacity only: no fair turn, no tenant cap, no grace), 19 the epoch this replica saw last ('': none)
+--       (capacity only: no fair turn, no tenant cap, no grace), 19 the epoch this replica saw last ('': none),
+--       20.. leases of this replica to release first (``RELEASE``'s, carried by the next reserve: one call)
 local now = now_ms()
 local expired = purge(now)
+local released = 0
+for i = 20, #ARGV do released = released + drop(ARGV[i]) end
 purge_waiters(now)
 local readd = ARGV[18] == '1'
 local tokens, seqs, tenant = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
@@ -238,18 +244,19 @@ if verdict == 'ok' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
     if placed then forget(ARGV[11]) elseif weight > 0 then fair_set('f:' .. tenant, me.finish) end
   end
   keep(ttl)
-  announce(ARGV[15], ARGV[16], ARGV[17])
-elseif expired > 0 then
-  announce(ARGV[15], ARGV[16], ARGV[17])
+  announce(ARGV[15], ARGV[16], ARGV[17], placed)  -- a waiter served: its place left the queue
+elseif expired + released > 0 then
+  announce(ARGV[15], ARGV[16], ARGV[17], false)
 end
 return {verdict, expired, redis.call('HGETALL', KEYS[3]), epoch_id}
 """
 
 RELEASE = _COMMON + """
--- ARGV: id, channel, pool name, replica
+-- ARGV: channel, pool name, replica, then the ids of the leases to drop (one or a batch)
 local expired = purge(now_ms())
-local dropped = drop(ARGV[1])
-if dropped + expired > 0 then announce(ARGV[2], ARGV[3], ARGV[4]) end
+local dropped = 0
+for i = 4, #ARGV do dropped = dropped + drop(ARGV[i]) end
+if dropped + expired > 0 then announce(ARGV[1], ARGV[2], ARGV[3], false) end
 return {dropped, expired, redis.call('HGETALL', KEYS[3])}
 """
 
@@ -294,14 +301,14 @@ for i = 6, #ARGV do
   end
 end
 keep(ttl)
-if expired > 0 then announce(ARGV[2], ARGV[3], ARGV[4]) end
+if expired > 0 then announce(ARGV[2], ARGV[3], ARGV[4], false) end
 return {missing, expired, redis.call('HGETALL', KEYS[3]), epoch_id}
 """
 
 TOTALS = _COMMON + """
 -- ARGV: channel, pool name, replica
 local expired = purge(now_ms())
-if expired > 0 then announce(ARGV[1], ARGV[2], ARGV[3]) end
+if expired > 0 then announce(ARGV[1], ARGV[2], ARGV[3], false) end
 return {0, expired, redis.call('HGETALL', KEYS[3])}
 """
 
@@ -332,7 +339,7 @@ else
   redis.call('ZADD', KEYS[4], now, ARGV[1])
   redis.call('HSET', KEYS[6], ARGV[1], table.concat({ARGV[4], ARGV[5], ARGV[6], string.format('%.17g', start),
     string.format('%.17g', finish), ARGV[7], ARGV[8], tenant}, '|'))
-  announce(ARGV[11], ARGV[12], ARGV[13])
+  announce(ARGV[11], ARGV[12], ARGV[13], true)
 end
 redis.call('ZADD', KEYS[5], now + tonumber(ARGV[2]), ARGV[1])
 for i = 4, 7 do redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[2]) * 3) end
@@ -368,7 +375,7 @@ QUEUE_LEAVE = _COMMON + _WAITERS + """
 local v = forget(ARGV[1])
 if v then
   give_back(parse_place(v))
-  announce(ARGV[2], ARGV[3], ARGV[4])
+  announce(ARGV[2], ARGV[3], ARGV[4], true)
 end
 return 1
 """

@@ -8,10 +8,10 @@ single kvgate does, against a snapshot that adds what the *other* replicas hold 
     planning snapshot  =  this replica's ledger  +  others(key)
     others(key)        =  the pool's totals in Redis (every replica's leases)  -  this replica's committed leases
 
-``others`` is as fresh as the last change anywhere: the scripts announce every change of a pool (a lease added,
-released or expired, a waiter come or gone) with its totals and how many wait, and this replica listens on its own
-connection, so its view of every pool, for routing as for planning, follows every replica's; every script's answer
-brings the totals too, and while requests wait their pools' totals are also read every ``poll_s``. A stale view is
+``others`` is as fresh as this replica's last call on the pool: every script's answer brings the pool's totals, the
+renewal every third of ``lease_ttl_s`` reads every known pool's, and while requests wait the scripts announce every
+change of their pool (with its totals and how many wait; this replica listens on its own connection) and the
+pools' totals are read every ``poll_s`` too. While nobody waits, nothing is announced (``scripts``). A stale view is
 never unsafe, because an admission is only final once ``commit`` has added the lease in Redis, where the reserve
 script checks the planner's capacity rules again, atomically, against every replica's leases, and the fair order
 across replicas (the pool's virtual time and tenants' tags live in Redis, and a waiter's place carries its tag). A
@@ -24,8 +24,10 @@ third of ``lease_ttl_s``, so a replica that dies (SIGKILL, a crashed host, a par
 leases expire within ``lease_ttl_s``: the pool is whole again without anyone cleaning up. A release removes the
 lease at once (and is safe to lose: the lease expires anyway). A renewal only extends leases Redis still has; one
 that expired or was lost (Redis restarted empty), or was admitted while Redis was away, comes back only through the
-capacity-checked reserve script, or its request is fenced. Fencing (``fence.py``, ``fencing.py``): a lease that
-can't be renewed has its request ended ``fence_margin_s`` before it may expire.
+capacity-checked reserve script, or its request is fenced. A release rides with this replica's next reserve of
+the same pool (one Redis call for both) if one comes within ``RELEASE_RIDE_S``; it goes on its own after that, or at
+once when requests wait for the pool on any replica (as last announced). Fencing (``fence.py``, ``fencing.py``):
+a lease that can't be renewed has its request ended ``fence_margin_s`` before it may expire.
 
 Redis unreachable. Said loudly (an ERROR line when it goes, a WARNING when it is back, ``kvgate_shared_ledger_up``
 and the status page), then ``on_unreachable``:
@@ -72,13 +74,18 @@ from gateway.config.shared_ledger import SharedLedgerSettings
 
 log = logging.getLogger("gateway.shared_ledger")
 EMPTY = LedgerSnapshot()
+RELEASE_RIDE_S = 0.002
+"""How long a release may wait for the next reserve of its pool to carry it (steady traffic then costs one Redis
+call per request, not two). Only the other replicas see the room back later, by at most this, and only while
+nobody waits for the pool: with waiters anywhere the release goes at once."""
 
 
 def shared_pools(config: SharedLedgerSettings) -> SharedPools | None:
     """The shared ledger when ``shared_ledger.redis_url`` is set, else None (the ledger lives in this process)."""
     if config.redis_url is None:
         return None
-    store = SharedStore.from_url(config.redis_url.get_secret_value(), prefix=config.prefix, timeout_s=config.timeout_s)
+    store = SharedStore.from_url(config.redis_url.get_secret_value(), prefix=config.prefix, timeout_s=config.timeout_s,
+                                 connections=config.connections)
     log.info("shared ledger: reservations, queues and rates are kept in Redis (prefix '%s'), leases of %g s; this "
              "replica is '%s'", config.prefix, config.lease_ttl_s, store.replica)
     return SharedPools(store, config)
@@ -100,6 +107,9 @@ class SharedPools:
         self._waiting: dict[PoolKey, set[int]] = {}  # this replica's waiters with a place in the shared queue
         self._tasks: set[asyncio.Task[None]] = set()
         self._limits: dict[int, Limits] = {}  # each live reservation's capacity rules, to add its lease back by
+        self._releasing: dict[PoolKey, list[Reservation]] = {}  # released here, waiting for a ride to Redis
+        self._sending: dict[PoolKey, dict[int, Reservation]] = {}  # released here, on their way (no answer yet)
+        self._ride: asyncio.TimerHandle | None = None  # sends the releases no reserve carried
         self.fences = Fences(config.lease_ttl_s, config.fence_margin_s, self._fence_due)
         self._down_at_s = 0.0  # when Redis was found unreachable (the loop's clock)
         self._down_view: dict[PoolKey, tuple[LedgerSnapshot, LedgerSnapshot]] = {}  # others, mine: then
@@ -191,13 +201,17 @@ class SharedPools:
             self._limits[reservation.id] = limits
             return True
         sent_s = _now_s()
+        releasing = self._send(key)
         try:
-            answer = await self.store.reserve(reservation, limits, self._config.lease_ttl_s, turn)
-        except StoreUnreachable as exc:
+            answer = await self.store.reserve(reservation, limits, self._config.lease_ttl_s, turn,
+                                              releasing=releasing)
+        except StoreUnreachable as exc:  # (the releases it carried expire on their own)
+            self._sent(key, releasing)
             self.went_down(str(exc))
             if not queued:
                 self.refuse_if_down(key)
             return False  # plan again: against this replica's share, or (refuse) once Redis is back
+        self._sent(key, releasing)
         if answer.verdict == "ok":
             self._mine.setdefault(key, {})[reservation.id] = reservation
             self._limits[reservation.id] = limits
@@ -232,24 +246,60 @@ class SharedPools:
             mine[reservation.id] = resized
 
     def release(self, reservation: Reservation) -> None:
-        """Drop the lease (in the background: the caller never waits on Redis to free a request)."""
+        """Drop the lease (in the background: the caller never waits on Redis to free a request): with the next
+        reserve of its pool, within ``RELEASE_RIDE_S``, else on its own; at once when requests wait for the pool."""
+        key = reservation.key
         self.fences.forget(reservation.id)
         self._limits.pop(reservation.id, None)
-        mine = self._mine.get(reservation.key)
+        mine = self._mine.get(key)
         if mine is None or mine.pop(reservation.id, None) is None:
             return
         if not mine:
-            del self._mine[reservation.key]
-        if self.up:
-            self._spawn(self._release(reservation))
-
-    async def _release(self, reservation: Reservation) -> None:
-        try:
-            answer = await self.store.release(reservation)
-        except StoreUnreachable as exc:
-            self.went_down(str(exc))  # the lease expires on its own
+            del self._mine[key]
+        if not self.up:
             return
-        self._saw(reservation.key, answer)
+        self._releasing.setdefault(key, []).append(reservation)
+        if self._queued.get(key, 0) > 0:
+            self._send_releases(key)
+        elif self._ride is None:
+            self._ride = asyncio.get_running_loop().call_later(RELEASE_RIDE_S, self._send_all_releases)
+
+    def _send_all_releases(self) -> None:
+        self._ride = None
+        for key in tuple(self._releasing):
+            self._send_releases(key)
+
+    def _send_releases(self, key: PoolKey) -> None:
+        batch = self._send(key)
+        if batch:
+            self._spawn(self._release(key, batch))
+
+    def _send(self, key: PoolKey) -> list[Reservation]:
+        """The releases of the pool waiting for a ride, now on their way: until Redis answers the call that carries
+        them they still count as this replica's (the totals it answers meanwhile may hold them)."""
+        batch = self._releasing.pop(key, [])
+        if batch:
+            self._sending.setdefault(key, {}).update((r.id, r) for r in batch)
+        return batch
+
+    def _sent(self, key: PoolKey, batch: list[Reservation]) -> None:
+        sending = self._sending.get(key)
+        if sending is None:
+            return
+        for reservation in batch:
+            sending.pop(reservation.id, None)
+        if not sending:
+            del self._sending[key]
+
+    async def _release(self, key: PoolKey, batch: list[Reservation]) -> None:
+        try:
+            answer = await self.store.release(key, batch)
+        except StoreUnreachable as exc:
+            self._sent(key, batch)
+            self.went_down(str(exc))  # the leases expire on their own
+            return
+        self._sent(key, batch)
+        self._saw(key, answer)
 
     async def join_queue(self, key: PoolKey, seq: int, max_queue: int, place: Place) -> Joined | None:
         """Take a place in the pool's queue across replicas, and a fair tag from the pool's clock in Redis: how many
@@ -404,7 +454,7 @@ class SharedPools:
             before, waited = self._announced.get(key), self._queued.get(key, 0)
             self._announced[key] = heard.totals
             self._queued[key] = heard.waiting
-            self._others[key] = combine(heard.totals, self.mine(key), sign=-1)
+            self._others[key] = combine(heard.totals, self._in_redis_for_me(key), sign=-1)
             room_back = before is None or heard.waiting < waited or freed(before, heard.totals)
             if room_back and key in set(waiting()):  # a lease or a waiter that kept room is gone: try again
                 self.wakeups_total += 1
@@ -437,6 +487,9 @@ class SharedPools:
 
     async def close(self) -> None:
         self.fences.close()
+        if self._ride is not None:
+            self._ride.cancel()
+        self._send_all_releases()  # what waited for a ride goes now: a replica that stops leaves no lease behind
         for task in tuple(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=self._config.timeout_s)
@@ -445,20 +498,21 @@ class SharedPools:
     # --- state ------------------------------------------------------------------------------------------------------
 
     def mine(self, key: PoolKey) -> LedgerSnapshot:
-        live = self._mine.get(key, {}).values()
-        active: Counter[str] = Counter()
-        tokens: Counter[str] = Counter()
-        for reservation in live:
-            active[reservation.tenant] += reservation.sequences
-            tokens[reservation.tenant] += reservation.tokens
-        return LedgerSnapshot(sum(r.sequences for r in live), sum(r.tokens for r in live), active, tokens)
+        """This replica's live leases in the pool."""
+        return _tally(self._mine.get(key, {}).values())
+
+    def _in_redis_for_me(self, key: PoolKey) -> LedgerSnapshot:
+        """What of the pool's totals in Redis may be this replica's: its live leases, and those it released that
+        Redis has not been told of yet, or not answered (the others' share is the totals less these)."""
+        releasing, sending = self._releasing.get(key, ()), self._sending.get(key, {}).values()
+        return _tally([*self._mine.get(key, {}).values(), *releasing, *sending])
 
     def _saw(self, key: PoolKey, answer: Answer) -> None:
         self.expired_total += answer.expired
         if answer.expired:
             log.warning("shared ledger: %d lease(s) in %s expired (a replica stopped renewing them); their tokens "
                         "are free again", answer.expired, _where(key))
-        self._others[key] = combine(answer.totals, self.mine(key), sign=-1)
+        self._others[key] = combine(answer.totals, self._in_redis_for_me(key), sign=-1)
         self._announced[key] = answer.totals  # what the next announcement is compared with
 
     def went_down(self, reason: str) -> None:
@@ -485,6 +539,18 @@ class SharedPools:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _tally(reservations: Iterable[Reservation]) -> LedgerSnapshot:
+    active: Counter[str] = Counter()
+    tokens: Counter[str] = Counter()
+    sequences = held = 0
+    for reservation in reservations:
+        active[reservation.tenant] += reservation.sequences
+        tokens[reservation.tenant] += reservation.tokens
+        sequences += reservation.sequences
+        held += reservation.tokens
+    return LedgerSnapshot(sequences, held, active, tokens)
 
 
 def _now_s() -> float:

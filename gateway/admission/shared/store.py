@@ -188,10 +188,14 @@ class SharedStore:
         return self._redis.pubsub(ignore_subscribe_messages=True)
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str, timeout_s: float) -> SharedStore:
-        client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                         retry_on_timeout=False, health_check_interval=30)
-        return cls(client, prefix=prefix)
+    def from_url(cls, url: str, *, prefix: str, timeout_s: float, connections: int = 32) -> SharedStore:
+        """A store on its own pool of at most ``connections``: a call while all are busy waits for one, up to
+        ``timeout_s`` (redis-py's default pool fails such a call at once, 'Too many connections': under load that
+        looked like Redis down and refused requests)."""
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=connections, timeout=timeout_s, socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s, retry_on_timeout=False, health_check_interval=30)
+        return cls(aioredis.Redis.from_pool(pool), prefix=prefix)  # closed with the client
 
     def __repr__(self) -> str:  # the URL may carry a password: never shown
         return f"SharedStore(prefix={self._prefix!r}, replica={self.replica!r})"
@@ -206,23 +210,26 @@ class SharedStore:
         return f"{reservation.tokens}|{reservation.sequences}|{self.replica}|{reservation.tenant}"
 
     async def reserve(self, reservation: Reservation, limits: Limits, ttl_s: float, turn: Turn = ANY_TURN, *,
-                      readd: bool = False) -> Answer:
+                      readd: bool = False, releasing: Sequence[Reservation] = ()) -> Answer:
         """Add the lease if the pool, across replicas, still has room for it (the planner's rules, atomically) and
         it is the request's ``turn`` in the fair order: what is left once the waiters ahead of it have taken theirs
         holds it. Verdict ``behind``: not its turn yet. ``readd``: the request already runs (its lease expired or was
-        lost): only the pool's room is checked."""
+        lost): only the pool's room is checked. ``releasing``: leases of this replica in the same pool to drop first,
+        in the same call (releases waiting for a ride, ``SharedPools.release``)."""
         waiter, overtake_s, weight, priority = turn.waiter, turn.overtake_s, turn.weight, turn.priority
         args: list[str | int | float] = [
             self.lease_id(reservation), self._value(reservation), reservation.tokens, reservation.sequences,
             reservation.tenant, _ms(ttl_s), limits.slots, _or_none(limits.pool_tokens),
             _or_none(limits.tenant_max_active), _or_none(limits.tenant_share_tokens),
             "" if waiter is None else f"{self.replica}:{waiter}", _ms(overtake_s), weight, priority,
-            *self._herald(reservation.key), "1" if readd else "", self.epoch]
+            *self._herald(reservation.key), "1" if readd else "", self.epoch,
+            *(self.lease_id(r) for r in releasing)]
         return await self._call(self._reserve, _names(self._prefix, reservation.key), args)
 
-    async def release(self, reservation: Reservation) -> Answer:
-        args = [self.lease_id(reservation), *self._herald(reservation.key)]
-        return await self._call(self._release, _names(self._prefix, reservation.key), args)
+    async def release(self, key: PoolKey, reservations: Sequence[Reservation]) -> Answer:
+        """Drop these leases of the pool ``key`` (one call for the batch)."""
+        args = [*self._herald(key), *(self.lease_id(r) for r in reservations)]
+        return await self._call(self._release, _names(self._prefix, key), args)
 
     async def resize(self, reservation: Reservation, tokens: int, pool_tokens: int | None, ttl_s: float) -> Answer:
         """The lease holds ``tokens`` from now on, if the pool across replicas has room (``scripts.RESIZE``)."""
