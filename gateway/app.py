@@ -23,6 +23,7 @@ from gateway.admission.tenant_keys import TenantDirectory
 from gateway.api import kvgate as kvgate_api
 from gateway.api import status as status_api
 from gateway.backends import BackendRegistry
+from gateway.backends.client import SKIPPED_AUTO_HEADERS
 from gateway.backends.probes import BackendProbes
 from gateway.config.reload import LiveSettings, Reloader, SettingsSource
 from gateway.config.settings import ServerSettings, Settings
@@ -82,10 +83,12 @@ request is never sent on a connection the server is closing (it fails with "Serv
 
 
 def default_session() -> aiohttp.ClientSession:
-    """One pooled session for all upstream traffic: bytes pass through undecoded, no cookies are kept."""
+    """One pooled session for all upstream traffic: bytes pass through undecoded, no cookies are kept, and none of
+    aiohttp's own headers is added (no User-Agent, Accept or Accept-Encoding a client did not send)."""
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=UPSTREAM_KEEPALIVE_S),
         auto_decompress=False,
+        skip_auto_headers=SKIPPED_AUTO_HEADERS,
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
         timeout=aiohttp.ClientTimeout(total=None),

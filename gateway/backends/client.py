@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import orjson
-from multidict import CIMultiDict
+from multidict import CIMultiDict, istr
 from yarl import URL
 
 from gateway.backends.liveness import RETRY_FIRST_S, RETRY_MAX_S, Liveness
@@ -163,6 +163,9 @@ def json_object(raw: bytes, where: str) -> dict[str, Any]:
 
 # ---- the client -------------------------------------------------------------------------------------------------
 
+SKIPPED_AUTO_HEADERS = frozenset(map(istr, ("User-Agent", "Accept", "Accept-Encoding")))
+URL_CACHE = 256
+
 
 class BackendClient:
     """Talks to one backend: its URL, its API key or its URL's credentials (sent on every call), its Host header and
@@ -196,6 +199,13 @@ class BackendClient:
         """When the backend last answered: whether a refused connection is a restart or a dead backend."""
         self._clock = clock
         self._sleep = sleep
+        # per-request work done once (issue 26: each measured on its own, a few us a request together)
+        self._skip = None if session.skip_auto_headers >= SKIPPED_AUTO_HEADERS else SKIPPED_AUTO_HEADERS
+        """aiohttp's own headers kvgate never adds; passed per call only when the session does not skip them
+        already (aiohttp rebuilds the set on every call it is passed to)."""
+        self._client_timeout = (-1.0, aiohttp.ClientTimeout())
+        self._urls: dict[str, URL] = {}
+        self._identity = self._identity_headers()
 
     @classmethod
     def for_backend(
@@ -217,6 +227,9 @@ class BackendClient:
     def identity(self) -> dict[str, str]:
         """The headers every call carries: Host, and the backend's API key (Bearer) or the credentials of its URL
         (Basic) when one is configured; either replaces a client's own Authorization."""
+        return dict(self._identity)
+
+    def _identity_headers(self) -> dict[str, str]:
         headers = {"Host": self.host_header}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
@@ -227,7 +240,16 @@ class BackendClient:
     def url_for(self, path_qs: str) -> URL:
         """The backend's URL for a request target as the client sent it (raw, percent-encoded): the configured
         scheme, host and port always, under the configured path. Built from parts, so no target (an absolute URL,
-        ``//host``, ``@host``, a scheme without ``/``) can change the host; a fragment is dropped."""
+        ``//host``, ``@host``, a scheme without ``/``) can change the host; a fragment is dropped. The URLs of the
+        last ``URL_CACHE`` targets are kept (clients send the same few routes)."""
+        url = self._urls.get(path_qs)
+        if url is None:
+            if len(self._urls) >= URL_CACHE:
+                self._urls.clear()
+            url = self._urls[path_qs] = self._build_url(path_qs)
+        return url
+
+    def _build_url(self, path_qs: str) -> URL:
         base = self.base_url
         path, _, query = path_qs.partition("#")[0].partition("?")
         return URL.build(scheme=base.scheme, host=base.raw_host or "",
@@ -304,7 +326,7 @@ class BackendClient:
         tried once more when the body is held whole; a refused one is waited through when the backend was up
         moments ago (``through_restart``; only with ``wait_restart`` and a body held whole)."""
         sent = CIMultiDict(headers)
-        for name, value in self.identity().items():
+        for name, value in self._identity.items():
             sent[name] = value
         first_byte_s = self.timeouts.first_byte_s
 
@@ -321,12 +343,16 @@ class BackendClient:
         return response
 
     async def _send(self, method: str, path_qs: str, headers: CIMultiDict[str], body: Body) -> aiohttp.ClientResponse:
-        client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect_s)
+        connect_s, client_timeout = self._client_timeout
+        if connect_s != self.timeouts.connect_s:
+            connect_s = self.timeouts.connect_s
+            client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_s)
+            self._client_timeout = (connect_s, client_timeout)
         for attempt in (1, 2):
             try:
                 return await self._session.request(
                     method, self.url_for(path_qs), headers=headers, data=body, timeout=client_timeout,
-                    allow_redirects=False, skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
+                    allow_redirects=False, skip_auto_headers=self._skip,
                 )
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 # A pooled connection the server closed while idle (its keep-alive ran out as this request went

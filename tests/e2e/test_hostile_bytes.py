@@ -17,7 +17,7 @@ from gateway.admission import Ledger, PoolKey, WaitingRoom
 from gateway.admission.outcome import AdmissionOutcome, Reserved
 from gateway.admission.tenant_keys import ANONYMOUS, TenantDirectory
 from gateway.api.status import status_html
-from gateway.backends.client import BackendClient
+from gateway.backends.client import URL_CACHE, BackendClient
 from gateway.backends.registry import Backend
 from gateway.config.settings import BackendSettings, load_settings
 from gateway.domain import Dialect, Operation
@@ -79,6 +79,18 @@ async def test_url_for_never_changes_the_host(url: str, target: str) -> None:
     assert (built.scheme, built.host, built.explicit_port) == (backend.base_url.scheme, backend.base_url.host,
                                                                backend.base_url.explicit_port)
     assert str(built).startswith(str(backend.base_url).rstrip("/") + "/")
+
+
+async def test_url_for_answers_the_same_from_its_cache_and_keeps_it_bounded() -> None:
+    settings = BackendSettings(name="b", url="http://127.0.0.1:8080")
+    async with aiohttp.ClientSession() as session:
+        client = BackendClient.for_backend(session, settings)
+    targets = ["/api/chat", "//evil.com/x", "/a#@evil", "/v1/models?x=%ff", *(f"/p{i}" for i in range(URL_CACHE * 2))]
+    first = [client.url_for(t) for t in targets]
+    again = [client.url_for(t) for t in targets]
+    assert first == again == [client._build_url(t) for t in targets]
+    assert str(first[1]) == "http://127.0.0.1:8080/evil.com/x"
+    assert len(client._urls) <= URL_CACHE  # targets come from clients: a flood of distinct ones is not kept
 
 
 @pytest.mark.parametrize("target", ["http://169.254.169.254/", "*", "example.com:443", "/a#b", "/a\\b",
