@@ -57,7 +57,8 @@ import aiohttp
 import orjson
 
 from bench.admission_planner import TARGET_MEDIAN_US, Timing, render_planner, run_planner
-from bench.overhead import _free_port, _wait_ready
+from bench.hops import free_port
+from bench.overhead import _wait_ready
 
 MODEL = "llama3.1:8b"
 CONTEXT = 4096
@@ -351,7 +352,7 @@ def _wait_until_listening(port: int, deadline_s: float = 30.0) -> None:
 
 def start_sim(work: Workload) -> tuple[subprocess.Popen[bytes], str]:
     """The simulated Ollama serving ``MODEL`` with ``work``'s slots, speeds and answer length, on 127.0.0.1."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
     sim = subprocess.Popen([
         sys.executable, "-m", "gateway", "sim", "--port", str(port), "--models", MODEL,
@@ -372,7 +373,7 @@ def start_sim(work: Workload) -> tuple[subprocess.Popen[bytes], str]:
 def start_gateway(sim_url: str, slots: int, config: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """``kvgate serve`` in front of the simulator on 127.0.0.1, without the caller's KVGATE_* settings; ``config``: a
     TOML file for everything but the backend (tenants, admission)."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
     backend = {"name": "sim", "kind": "ollama", "url": sim_url, "parallel": slots, "context_tokens": CONTEXT}
     gateway_env = {**env, "KVGATE_SERVER__LOG_LEVEL": "warning", "KVGATE_BACKENDS": json.dumps([backend])}

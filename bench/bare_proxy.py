@@ -33,10 +33,13 @@ def make_app(upstream: str) -> web.Application:
                                                 headers=headers) as upstream_response:
             response = web.StreamResponse(status=upstream_response.status,
                                           headers={"Content-Type": upstream_response.headers["Content-Type"]})
-            await response.prepare(request)
-            while chunk := await upstream_response.content.readany():
-                await response.write(chunk)
-            await response.write_eof()
+            try:
+                await response.prepare(request)
+                while chunk := await upstream_response.content.readany():
+                    await response.write(chunk)
+                await response.write_eof()
+            except ConnectionResetError:  # the client left (a load generator stopping mid-request)
+                pass
             return response
 
     app = web.Application()

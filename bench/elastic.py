@@ -58,7 +58,7 @@ import orjson
 
 from bench.elastic_report import ARMS, DIRECT, ELASTIC, FIXED, LONG, MIXES, SHORT, Merged, Reply, Round, render
 from bench.elastic_report import targets as target_lines
-from bench.overhead import _free_port
+from bench.hops import free_port
 from bench.scale_workload import WORDS
 
 CLIENTS = 8
@@ -219,7 +219,7 @@ def _clean_env() -> dict[str, str]:
 @contextlib.contextmanager
 def sim_backend(log_dir: Path) -> Iterator[Backend]:
     """The simulated llama-server in a process of its own: unified pool of 4,096 cells, 4 slots."""
-    port = _free_port()
+    port = free_port()
     args = [sys.executable, "-m", "gateway", "sim", "--mode", "llama-server", "--port", str(port),
             "--ctx-size", "4096", "--parallel", "-1", "--load-time", "0", "--response-tokens", "20:200",
             "--gen-speed", "50", "--prompt-speed", "4000", "--time-scale", "10", "--seed", "25"]
@@ -261,7 +261,7 @@ async def _wait_up(http: aiohttp.ClientSession, url: str, process: subprocess.Po
 @contextlib.asynccontextmanager
 async def kvgate(http: aiohttp.ClientSession, backend: Backend, elastic: bool, log_dir: Path) -> AsyncIterator[str]:
     """``kvgate serve`` in front of ``backend`` as its own process; its URL once healthy."""
-    port = _free_port()
+    port = free_port()
     env = _clean_env() | {
         "KVGATE_BACKENDS": json.dumps([{"name": "llama", "kind": "llama-server", "url": backend.url}]),
         "KVGATE_SERVER__LOG_LEVEL": "warning", "KVGATE_ADMISSION__ELASTIC__ENABLED": "true" if elastic else "false",

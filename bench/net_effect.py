@@ -39,6 +39,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from bench.hops import free_port
 from bench.net_effect_cells import EXPORTER, QUICK, Cell, RealLlamaServer, Sim, all_cells
 from bench.net_effect_report import HEADER, Side, Verdict, median_side, row, side_of, verdict, verdict_line
 from bench.net_effect_workload import ForeignProcesses
@@ -56,14 +57,6 @@ class Running:
 
     urls: list[str]
     sims: list[str | None]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.asynccontextmanager
@@ -89,7 +82,7 @@ async def backends_of(cell: Cell, http: aiohttp.ClientSession) -> AsyncIterator[
                 running.urls.append(server.url)
                 running.sims.append(None)
             else:
-                running.urls.append(f"http://127.0.0.1:{_free_port()}")
+                running.urls.append(f"http://127.0.0.1:{free_port()}")
                 running.sims.append(None)
         yield running
 
@@ -115,7 +108,7 @@ def kvgate_environment(cell: Cell, running: Running, port: int, cache_dir: Path)
 async def kvgate_in_front(cell: Cell, running: Running, http: aiohttp.ClientSession, cache_dir: Path,
                           log_path: Path) -> AsyncIterator[str]:
     """A kvgate process in front of ``running``; its URL, once healthy and its counters warm."""
-    port = _free_port()
+    port = free_port()
     env = kvgate_environment(cell, running, port, cache_dir)
     with log_path.open("ab") as log:
         process = subprocess.Popen(  # noqa: ASYNC220 (a start, not a wait: it returns at once)

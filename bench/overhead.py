@@ -1,27 +1,29 @@
-"""What kvgate adds: latency and throughput direct vs through the gateway, side by side in one run.
+"""What a hop adds: latency and throughput direct, through kvgate and through other hops, side by side in one run.
 
-    python -m bench.overhead [--quick] [--baseline DIR]
+    python -m bench.overhead [--quick] [--baseline DIR] [--only-kvgate]
 
-Starts a fast fake Ollama (one Llama 3 model, loaded), ``kvgate serve`` in front of it and, as a yardstick, a bare
-aiohttp proxy with no kvgate logic (bench/bare_proxy.py), each in its own process. It then measures from this process,
-alternating direct, kvgate and bare-proxy rounds so machine noise hits all alike:
-- a small non-streaming chat: median and p99 latency, requests per second, at concurrency 1 and 64;
+Starts a fast fake Ollama (one Llama 3 model, loaded) and, each in its own process (bench/hops.py): ``kvgate serve``
+in front of it, a bare aiohttp proxy with no kvgate logic (bench/bare_proxy.py: what any Python hop costs here),
+and, where installed, nginx as a reverse proxy, kvgate with ``[shared_ledger]`` on a local Redis, two kvgate replicas
+sharing one Redis (the client splits the load between them) and LiteLLM. It then measures, every hop in each round
+and rounds alternating so machine noise hits all alike:
+- a small non-streaming chat: median and p99 latency, requests per second, at concurrency 1 and 64, from this
+  process's aiohttp client, and again with wrk where it is installed (a C client: a hop faster than Python's client
+  is told apart from the client's own limit);
 - a 500-chunk NDJSON stream: median and p99 time per stream, chunks per second, at concurrency 1 and 64.
-With ``--baseline DIR`` (a checkout of an earlier commit, e.g. ``git worktree add /tmp/before <rev>``), that
-checkout's kvgate runs too, in the same alternating rounds, and the table compares the two side by side.
-Targets: added median latency at concurrency 1 <= 1 ms; stream chunk throughput through kvgate >= 80% of direct.
-All traffic stays on 127.0.0.1; every loop is bounded in count.
+It prints kvgate's table, every hop side by side (issue 26's table) and the targets: added median at c=1 at most
+0.3 ms, requests/s at c=64 at least 10% of nginx's, stream chunks/s at c=1 at least 0.9 of direct, and with the
+shared ledger at least 0.8x one unshared kvgate's requests/s. With ``--baseline DIR`` (a checkout of an earlier
+commit, e.g. ``git worktree add /tmp/before <rev>``), that checkout's kvgate runs too and is compared side by side.
+All traffic stays on 127.0.0.1; every loop is bounded in count or time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import socket
+import itertools
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -30,17 +32,11 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
+from bench.hops import BARE, BASELINE, DIRECT, KVGATE, NGINX, SHARED, Hops, free_port
+from bench.wrk_runs import Wrk, wrk_binary
+
 STREAM_CHUNKS = 500
 ROUNDS = 9
-KVGATE = "kvgate"
-BARE = "bare proxy"
-BASELINE = "kvgate before"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def _wait_ready(url: str, deadline_s: float = 20.0) -> None:
@@ -94,11 +90,26 @@ async def _run(concurrency: int, per_worker: int, one: Callable[[], Awaitable[in
     return Result(latencies, time.perf_counter() - start, units)
 
 
-def _small(http: aiohttp.ClientSession, base: str) -> Callable[[], Awaitable[int]]:
-    body = orjson.dumps({"model": "bench", "stream": False, "messages": [{"role": "user", "content": "hi"}]})
+SMALL = orjson.dumps({"model": "bench", "stream": False, "messages": [{"role": "user", "content": "hi"}]})
+
+
+@dataclass(frozen=True)
+class Target:
+    """One hop as the client sees it: its URLs (several: the client spreads its requests over them) and the route
+    and body of a small chat (LiteLLM takes OpenAI's, every other hop Ollama's)."""
+
+    urls: list[str]
+    path: str = "/api/chat"
+    small: bytes = SMALL
+    streams: bool = True
+
+
+def _small(http: aiohttp.ClientSession, target: Target) -> Callable[[], Awaitable[int]]:
+    urls = itertools.cycle(target.urls)
 
     async def one() -> int:
-        async with http.post(f"{base}/api/chat", data=body, headers={"Content-Type": "application/json"}) as r:
+        url = next(urls) + target.path
+        async with http.post(url, data=target.small, headers={"Content-Type": "application/json"}) as r:
             await r.read()
             assert r.status == 200
         return 1
@@ -106,13 +117,14 @@ def _small(http: aiohttp.ClientSession, base: str) -> Callable[[], Awaitable[int
     return one
 
 
-def _stream(http: aiohttp.ClientSession, base: str) -> Callable[[], Awaitable[int]]:
+def _stream(http: aiohttp.ClientSession, target: Target) -> Callable[[], Awaitable[int]]:
     body = orjson.dumps({"model": "bench", "messages": [{"role": "user", "content": "hi"}],
                          "options": {"num_predict": STREAM_CHUNKS}})
+    urls = itertools.cycle(target.urls)
 
     async def one() -> int:
         lines = 0
-        async with http.post(f"{base}/api/chat", data=body, headers={"Content-Type": "application/json"}) as r:
+        async with http.post(f"{next(urls)}/api/chat", data=body, headers={"Content-Type": "application/json"}) as r:
             async for chunk in r.content.iter_any():  # count lines without splitting: a light client
                 lines += chunk.count(b"\n")
         assert lines == STREAM_CHUNKS + 1, lines
@@ -130,7 +142,8 @@ class Row:
     through: dict[str, tuple[Result, float]]
 
 
-async def measure(direct: str, proxies: dict[str, str], quick: bool) -> list[Row]:
+async def measure(targets: dict[str, Target], quick: bool, rounds: int = ROUNDS) -> list[Row]:
+    """The Python-client cases, every hop in each round, rounds alternating so drift hits every hop alike."""
     scale = 0.25 if quick else 1.0
     plans = [  # each round lasts about half a second, so one noisy moment can't decide a round
         ("small chat, c=1", 1, int(1500 * scale), _small),
@@ -142,19 +155,44 @@ async def measure(direct: str, proxies: dict[str, str], quick: bool) -> list[Row
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
         for name, concurrency, per_worker, make in plans:
-            targets = {"direct": direct, **proxies}
-            for url in targets.values():  # warm every path
-                await _run(concurrency, max(1, per_worker // 10), make(http, url))
-            runs: dict[str, list[Result]] = {label: [] for label in targets}
-            for _ in range(ROUNDS):  # alternate so drift hits every path alike
-                for label, url in targets.items():
-                    runs[label].append(await _run(concurrency, per_worker, make(http, url)))
-            through = {}
-            for label in proxies:
-                ratios = [p.rate / d.rate for d, p in zip(runs["direct"], runs[label], strict=True)]
-                through[label] = (_merge(runs[label]), statistics.median(ratios))
-            rows.append(Row(name, _merge(runs["direct"]), through))
+            here = {label: t for label, t in targets.items() if make is _small or t.streams}
+            for target in here.values():  # warm every path
+                await _run(concurrency, max(1, per_worker // 10), make(http, target))
+            runs: dict[str, list[Result]] = {label: [] for label in here}
+            for _ in range(rounds):
+                for label, target in here.items():
+                    runs[label].append(await _run(concurrency, per_worker, make(http, target)))
+            rows.append(_row(name, runs))
     return rows
+
+
+def measure_wrk(wrk: Wrk, targets: dict[str, Target], quick: bool, rounds: int = ROUNDS) -> list[Row]:
+    """The small chats again, driven by wrk: the rate of a hop faster than this Python client."""
+    seconds = 1 if quick else 2  # wrk takes whole seconds
+    rows = []
+    for concurrency in (1, 64):
+        for target in targets.values():  # warm
+            wrk.run(target.urls, target.path, concurrency, 1)
+        runs: dict[str, list[Result]] = {label: [] for label in targets}
+        for _ in range(rounds):
+            for label, target in targets.items():
+                result = wrk.run(target.urls, target.path, concurrency, seconds)
+                if result.failed:
+                    raise RuntimeError(f"{label}: {result.failed} requests failed under wrk at c={concurrency}")
+                units = round(result.requests_per_s * seconds)
+                runs[label].append(Result([result.p50_ms / 1000], seconds, units))
+        rows.append(_row(f"small chat, c={concurrency} (wrk)", runs))
+    return rows
+
+
+def _row(name: str, runs: dict[str, list[Result]]) -> Row:
+    direct = runs[DIRECT]
+    through = {}
+    for label, results in runs.items():
+        if label != DIRECT:
+            ratios = [p.rate / d.rate for d, p in zip(direct, results, strict=True)]
+            through[label] = (_merge(results), statistics.median(ratios))
+    return Row(name, _merge(direct), through)
 
 
 def _merge(results: list[Result]) -> Result:
@@ -163,11 +201,12 @@ def _merge(results: list[Result]) -> Result:
     return Result([lat for r in results for lat in r.latencies_s], median_round.wall_s, median_round.units)
 
 
-def render(rows: list[Row]) -> str:
+def render(rows: list[Row], missing: dict[str, str] | None = None) -> str:
+    python_rows = [row for row in rows if "(wrk)" not in row.name]
     head = (f"{'case':<24} {'direct med ms':>13} {'kvgate med ms':>13} {'added ms':>9} {'direct p99':>10} "
             f"{'kvgate p99':>10} {'direct /s':>10} {'kvgate /s':>10} {'ratio':>6} {'bare proxy':>10}")
     lines = [head, "-" * len(head)]
-    for row in rows:
+    for row in python_rows:
         d, (g, ratio) = row.direct, row.through[KVGATE]
         bare_ratio = row.through[BARE][1] if BARE in row.through else float("nan")
         unit = "chunks" if "stream" in row.name else "req"
@@ -176,21 +215,59 @@ def render(rows: list[Row]) -> str:
             f"{d.p99_ms:>10.3f} {g.p99_ms:>10.3f} {d.rate:>10.0f} {g.rate:>10.0f} {ratio:>6.2f} {bare_ratio:>10.2f}"
             f"  ({unit}/s)"
         )
-    lines.append(f"(rates: the median round of {ROUNDS}; ratio: the median of the per-round ratios to direct, for "
-                 "kvgate and for a bare aiohttp proxy with no kvgate logic, bench/bare_proxy.py)")
-    small1 = rows[0]
-    added = small1.through[KVGATE][0].median_ms - small1.direct.median_ms
-    stream_rows = [row for row in rows if "stream" in row.name]
-    worst = min(stream_rows, key=lambda row: row.through[KVGATE][1])
-    worst_ratio = worst.through[KVGATE][1]
+    lines.append("(the Python client; rates: the median round; ratio: the median of the per-round ratios to direct, "
+                 "for kvgate and for a bare aiohttp proxy with no kvgate logic, bench/bare_proxy.py)")
+    lines.extend(["", hops_table(rows, missing or {})])
+    small1 = next(row for row in rows if row.name.startswith("small chat, c=1"))
+    wrk1 = next((row for row in rows if row.name == "small chat, c=1 (wrk)"), small1)
+    added = wrk1.through[KVGATE][0].median_ms - wrk1.direct.median_ms
+    stream1 = next(row for row in rows if row.name == "500-chunk stream, c=1")
     lines.append("")
-    lines.append(f"target: added median latency at c=1 <= 1 ms: {added:.3f} ms -> {'PASS' if added <= 1 else 'FAIL'}")
-    lines.append(f"target: stream chunk throughput >= 80% of direct: worst {worst_ratio:.0%} ({worst.name}) -> "
-                 f"{'PASS' if worst_ratio >= 0.8 else 'FAIL'}")
-    if BARE in worst.through:
-        lines.append(f"        the bare aiohttp proxy, same case, same run: {worst.through[BARE][1]:.0%} of direct")
+    verdict = "PASS" if added <= 0.3 else "FAIL"
+    lines.append(f"target: added median latency at c=1 <= 0.3 ms: {added:.3f} ms -> {verdict}"
+                 f" ({'wrk' if wrk1 is not small1 else 'the Python client'})")
+    wrk64 = next((row for row in rows if row.name == "small chat, c=64 (wrk)"), None)
+    if wrk64 is not None and NGINX in wrk64.through:
+        share = wrk64.through[KVGATE][0].rate / wrk64.through[NGINX][0].rate
+        lines.append(f"target: requests/s at c=64 >= 10% of nginx's: {share:.1%} -> "
+                     f"{'PASS' if share >= 0.1 else 'FAIL'}")
+    stream_ratio = stream1.through[KVGATE][1]
+    lines.append(f"target: stream chunks/s at c=1 >= 0.9 of direct: {stream_ratio:.2f} -> "
+                 f"{'PASS' if stream_ratio >= 0.9 else 'FAIL'}")
+    if BARE in stream1.through:
+        lines.append(f"        the bare aiohttp proxy, same case, same run: {stream1.through[BARE][1]:.2f} of direct")
+    wrk_or_python64 = wrk64 or next(row for row in rows if row.name == "small chat, c=64")
+    if SHARED in wrk_or_python64.through:
+        shared = wrk_or_python64.through[SHARED][0].rate / wrk_or_python64.through[KVGATE][0].rate
+        lines.append(f"target: with the shared ledger >= 0.8x the requests/s of one unshared kvgate at c=64: "
+                     f"{shared:.2f}x -> {'PASS' if shared >= 0.8 else 'FAIL'}")
     if BASELINE in small1.through:
-        lines.extend(["", _compare(rows)])
+        lines.extend(["", _compare(python_rows)])
+    return "\n".join(lines)
+
+
+def hops_table(rows: list[Row], missing: dict[str, str]) -> str:
+    """Every hop side by side (issue 26's table): added median at c=1, requests/s at c=64 and its share of direct's
+    and nginx's, and streamed chunks/s at c=1 as a share of direct's; wrk's small chats where wrk ran."""
+    by_name = {row.name: row for row in rows}
+    c1 = by_name.get("small chat, c=1 (wrk)") or by_name["small chat, c=1"]
+    c64 = by_name.get("small chat, c=64 (wrk)") or by_name["small chat, c=64"]
+    stream = by_name.get("500-chunk stream, c=1")
+    driver = "wrk" if "(wrk)" in c1.name else "the Python client"
+    head = (f"{'hop':<28} {'added p50 c=1 ms':>16} {'req/s c=64':>11} {'of direct':>10} {'of nginx':>9} "
+            f"{'stream c=1 of direct':>21}")
+    lines = [f"every hop side by side (small chats: {driver}; streams: the Python client)", head, "-" * len(head)]
+    nginx = c64.through.get(NGINX)
+    lines.append(f"{DIRECT:<28} {0.0:>16.3f} {c64.direct.rate:>11.0f} {1.0:>10.2f} "
+                 f"{(c64.direct.rate / nginx[0].rate if nginx else float('nan')):>9.2f} {1.0:>21.2f}")
+    for label in c64.through:
+        added = c1.through[label][0].median_ms - c1.direct.median_ms
+        rate, of_direct = c64.through[label][0].rate, c64.through[label][1]
+        of_nginx = rate / nginx[0].rate if nginx else float("nan")
+        streamed = stream.through[label][1] if stream is not None and label in stream.through else float("nan")
+        lines.append(f"{label:<28} {added:>+16.3f} {rate:>11.0f} {of_direct:>10.2f} {of_nginx:>9.2f} {streamed:>21.2f}")
+    for label, why in missing.items():
+        lines.append(f"{label:<28} not measured: {why}")
     return "\n".join(lines)
 
 
@@ -207,60 +284,56 @@ def _compare(rows: list[Row]) -> str:
 
 async def _wait_for_tokenizer(gateway: str, deadline_s: float = 60.0) -> str:
     """Until kvgate counts with the model's own tokenizer (fetched from /api/show and built once)."""
-    body = orjson.dumps({"model": "bench", "stream": False, "messages": [{"role": "user", "content": "hi"}]})
     counter = ""
     async with aiohttp.ClientSession() as http:
         end = time.monotonic() + deadline_s
         while time.monotonic() < end and not counter.startswith("gguf"):
-            async with http.post(f"{gateway}/api/chat", data=body) as response:
+            async with http.post(f"{gateway}/api/chat", data=SMALL) as response:
                 await response.read()
                 counter = response.headers.get("X-Kvgate-Counter", "")
             await asyncio.sleep(0.1)
     return counter
 
 
-async def amain(direct: str, through: str, bare: str, quick: bool, baseline: str | None = None) -> None:
-    await _wait_ready(f"{direct}/api/tags")
-    await _wait_ready(f"{through}/kvgate/health")
-    await _wait_ready(f"{bare}/api/tags")
-    proxies = {KVGATE: through, BARE: bare}
-    print(f"kvgate counts with: {await _wait_for_tokenizer(through)}")
-    if baseline is not None:
-        await _wait_ready(f"{baseline}/kvgate/health")
-        print(f"the baseline counts with: {await _wait_for_tokenizer(baseline)}")
-        proxies[BASELINE] = baseline
-    print(render(await measure(direct, proxies, quick)))
+async def amain(hops: Hops, quick: bool, use_wrk: bool) -> None:
+    targets: dict[str, Target] = {}
+    for label, urls in hops.urls.items():
+        gateway = label.startswith("kvgate") or label.startswith("2 kvgate")
+        chat, ready = hops.routes.get(label, ("/api/chat", "/kvgate/health" if gateway else "/api/tags"))
+        for url in urls:
+            await _wait_ready(url + ready, deadline_s=90.0)
+            if gateway:
+                print(f"{label} at {url} counts with: {await _wait_for_tokenizer(url)}")
+        targets[label] = Target(urls, chat, streams=chat == "/api/chat")
+    for label, why in hops.missing.items():
+        print(f"{label}: not measured: {why}")
+    rounds = 3 if quick else ROUNDS
+    rows = await measure(targets, quick, rounds)
+    binary = wrk_binary() if use_wrk else None
+    if binary is not None:
+        wrk = Wrk(binary, SMALL)
+        try:
+            rows.extend(measure_wrk(wrk, targets, quick, rounds))
+        finally:
+            wrk.close()
+    elif use_wrk:
+        print("wrk: not installed (apt-get install wrk): the small chats' rates are the Python client's")
+    print(render(rows, hops.missing))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a quarter of the requests (a smoke run)")
     parser.add_argument("--baseline", metavar="DIR", help="also run the kvgate of this checkout, side by side")
+    parser.add_argument("--only-kvgate", action="store_true",
+                        help="direct, kvgate and the bare proxy only (no nginx, shared ledger, replicas or wrk)")
     args = parser.parse_args()
-    upstream_port, gateway_port, bare_port, baseline_port = _free_port(), _free_port(), _free_port(), _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
-    upstream_url = f"http://127.0.0.1:{upstream_port}"
-    upstream = subprocess.Popen([sys.executable, "-m", "bench.fake_upstream", str(upstream_port)], env=env)
-    bare = subprocess.Popen([sys.executable, "-m", "bench.bare_proxy", str(bare_port), upstream_url], env=env)
-    # The whole request path runs: counting with the model's real tokenizer, planning against the loaded model's
-    # KV pool (64 slots of 8K tokens, so the benchmark measures kvgate's cost, not its queue), forwarding.
-    backend = {"name": "bench", "kind": "ollama", "url": upstream_url, "parallel": 64}
-    gateway_env = {**env, "KVGATE_SERVER__LOG_LEVEL": "warning", "KVGATE_BACKENDS": json.dumps([backend])}
-    serve = [sys.executable, "-m", "gateway", "serve", "--port"]
-    gateway = subprocess.Popen([*serve, str(gateway_port)], env=gateway_env)
-    processes = [gateway, bare, upstream]
-    baseline_url = None
-    if args.baseline:  # the other checkout's package comes first on its path
-        baseline_url = f"http://127.0.0.1:{baseline_port}"
-        processes.append(subprocess.Popen([*serve, str(baseline_port)], cwd=args.baseline,
-                                          env={**gateway_env, "PYTHONPATH": args.baseline}))
+    hops = Hops(free_port(), baseline=args.baseline)
     try:
-        asyncio.run(amain(upstream_url, f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{bare_port}",
-                          args.quick, baseline_url))
+        hops.start(extras=not args.only_kvgate)
+        asyncio.run(amain(hops, args.quick, use_wrk=not args.only_kvgate))
     finally:
-        for process in processes:
-            process.terminate()
-            process.wait(timeout=10)
+        hops.stop()
     return 0
 
 

@@ -75,7 +75,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.overhead import _free_port
+from bench.hops import free_port
 from bench.scale_report import Summary, misses, render, summarise, summary_json
 from bench.scale_workload import (
     CONFIGS,
@@ -285,7 +285,7 @@ def running_redis() -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("bench.scale needs redis-server (Debian: apt-get install redis-server)")
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="kvgate-scale-redis-") as work:
         process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                     "--appendonly", "no", "--dir", work], stdout=subprocess.DEVNULL)
