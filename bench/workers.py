@@ -3,13 +3,14 @@ side in one run.
 
     python -m bench.workers [--workers 1,2] [--seconds 4] [--rounds 3]
 
-Starts the fast fake Ollama (bench/fake_upstream.py), a redis-server, and one ``kvgate serve`` per case: a single
-process with its ledger in process (kvgate's default), then each worker count with the shared ledger (a worker count
-above 1 requires it; each case has its own key prefix, so no two share pools). wrk (``wrk -t2 -c64``, a Lua script
-posting the chat) measures each for ``--seconds``, the cases alternating round by round so machine noise hits all
-alike; the table shows each case's median round and its ratio to one worker on the same shared ledger. The upstream,
-Redis, wrk and every worker share this machine's cores (printed above the table): on a 2-core host the workers
-compete with their own load generator. All traffic stays on 127.0.0.1; every run is bounded in time.
+Starts the fast fake Ollama (bench/fake_upstream.py, also measured alone: the ceiling), a redis-server, and one
+``kvgate serve`` per case: a single process with its ledger in process (kvgate's default), then each worker count
+with the shared ledger (a worker count above 1 requires it; each case has its own key prefix, so no two share pools).
+wrk (``wrk -t2 -c64``, a Lua script posting the chat) measures each for ``--seconds``, the cases alternating round by
+round so machine noise hits all alike; the table shows each case's median round and its ratio to one worker on the
+same shared ledger and to the single process. The upstream, Redis, wrk and every worker share this machine's cores
+(printed above the table): on a 2-core host the workers compete with their own load generator. All traffic stays on
+127.0.0.1; every run is bounded in time.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class Case:
     workers: int
     shared: bool
     url: str = ""
+    direct: bool = False
+    """The fake upstream itself, no kvgate: the ceiling of this machine with this load generator."""
     rates: list[float] = field(default_factory=list)
     failed: int = 0
 
@@ -84,13 +87,14 @@ async def _counting_everywhere(url: str, deadline_s: float = 60.0) -> None:
 
 def render(cases: list[Case], seconds: float, rounds: int) -> str:
     one = next((case for case in cases if case.shared and case.workers == 1), None)
-    alone = next((case for case in cases if not case.shared), None)
+    alone = next((case for case in cases if not case.shared and not case.direct), None)
     head = f"{'case':<34} {'workers':>7} {'req/s c=64':>11} {'vs 1 worker':>12} {'vs in-process':>14} {'failed':>7}"
     lines = [head, "-" * len(head)]
     for case in cases:
         to_one = f"{case.rate / one.rate:.2f}" if one and case.shared else "-"
-        to_alone = f"{case.rate / alone.rate:.2f}" if alone else "-"
-        lines.append(f"{case.name:<34} {case.workers:>7} {case.rate:>11.0f} {to_one:>12} {to_alone:>14} "
+        to_alone = f"{case.rate / alone.rate:.2f}" if alone and not case.direct else "-"
+        workers = "-" if case.direct else str(case.workers)
+        lines.append(f"{case.name:<34} {workers:>7} {case.rate:>11.0f} {to_one:>12} {to_alone:>14} "
                      f"{case.failed:>7}")
     lines.append(f"(wrk -t2 -c{CONCURRENCY}, {seconds:g} s a round, the median of {rounds} rounds; 'vs 1 worker': "
                  f"to one worker on the shared ledger; 'failed': non-2xx answers and socket errors, warm-up included)")
@@ -112,6 +116,8 @@ def _start_kvgate(case: Case, upstream_url: str, redis_url: str, env: dict[str, 
 async def _ready(cases: list[Case], upstream_url: str) -> None:
     await _wait_ready(f"{upstream_url}/api/tags")
     for case in cases:
+        if case.direct:
+            continue
         await _wait_ready(f"{case.url}/kvgate/health")
         await _counting_everywhere(case.url)
 
@@ -143,7 +149,8 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
     upstream_port, redis_port = _free_port(), _free_port()
     upstream_url, redis_url = f"http://127.0.0.1:{upstream_port}", f"redis://127.0.0.1:{redis_port}/0"
-    cases = [Case("1 process, in-process ledger", 1, shared=False)]
+    cases = [Case("direct to the fake upstream", 0, shared=False, url=upstream_url, direct=True),
+             Case("1 process, in-process ledger", 1, shared=False)]
     cases += [Case(f"{count} worker{'s' if count > 1 else ''}, shared ledger (Redis)", count, shared=True)
               for count in counts]
     processes = [
@@ -152,7 +159,7 @@ def main() -> int:
         subprocess.Popen([sys.executable, "-m", "bench.fake_upstream", str(upstream_port)], env=env),
     ]
     try:
-        processes += [_start_kvgate(case, upstream_url, redis_url, env) for case in cases]
+        processes += [_start_kvgate(case, upstream_url, redis_url, env) for case in cases if not case.direct]
         asyncio.run(_ready(cases, upstream_url))
         print(f"{os.cpu_count()} cores; small non-streamed chats through kvgate to bench/fake_upstream.py")
         measure(cases, args.seconds, args.rounds)
