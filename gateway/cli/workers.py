@@ -151,8 +151,10 @@ def describe_exit(returncode: int) -> str:
 class Supervisor:
     """Starts ``count`` workers, keeps them running, passes signals on; see the module docstring."""
 
-    def __init__(self, command: Command, count: int, url: str) -> None:
+    def __init__(self, command: Command, count: int, url: str, *, start_wait_s: float = START_WAIT_S,
+                 stop_wait_s: float = STOP_WAIT_S) -> None:
         self._command = command
+        self._start_wait_s, self._stop_wait_s = start_wait_s, stop_wait_s
         self._workers = [Worker(index) for index in range(count)]
         self._url = url
         self._stop = asyncio.Event()
@@ -233,19 +235,19 @@ class Supervisor:
         said = asyncio.ensure_future(asyncio.get_running_loop().sock_recv(ours, len(READY)))
         ended = asyncio.ensure_future(process.wait())
         try:
-            await asyncio.wait((said, ended), timeout=START_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait((said, ended), timeout=self._start_wait_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
             said.cancel()
             ended.cancel()
-        if said.done() and not said.cancelled() and said.exception() is None and said.result() == READY:
+        if said in done and said.exception() is None and said.result() == READY:
             worker.ready = True
             if worker.hangup_pending:
                 worker.hangup_pending = False
                 self._signal(worker, signal.SIGHUP)
             return None
-        if process.returncode is None:  # not ready in time, or it closed its end while it runs
-            log.error("worker %d (pid %d) did not start within %g s; killing it", worker.index, process.pid,
-                      START_WAIT_S)
+        if process.returncode is None:  # not ready in time, or it closed its end of the link while it runs
+            why = "closed its link" if said in done else f"did not start within {self._start_wait_s:g} s"
+            log.error("worker %d (pid %d) %s; killing it", worker.index, process.pid, why)
             process.kill()
         code = await process.wait()
         self._drop_link(worker)
@@ -298,10 +300,10 @@ class Supervisor:
                 process.send_signal(signal.SIGTERM)
         waits = [asyncio.ensure_future(process.wait()) for process in running]
         if waits:
-            _, late = await asyncio.wait(waits, timeout=STOP_WAIT_S)
+            _, late = await asyncio.wait(waits, timeout=self._stop_wait_s)
             for process in running:
                 if process.returncode is None:
-                    log.warning("worker pid %d did not stop within %g s; killing it", process.pid, STOP_WAIT_S)
+                    log.warning("worker pid %d did not stop within %g s; killing it", process.pid, self._stop_wait_s)
                     with contextlib.suppress(ProcessLookupError):
                         process.kill()
             if late:

@@ -77,6 +77,22 @@ async def test_stop_ends_every_worker_and_run_returns_0(tmp_path: Path) -> None:
     assert _all_exist(f"{stopped}{index}" for index in range(3))  # each got SIGTERM, none was killed
 
 
+async def test_a_worker_not_ready_in_time_is_killed_and_the_start_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    supervisor = Supervisor(stand_in("import time; time.sleep(60)"), 1, "http://127.0.0.1:1", start_wait_s=0.3)
+    assert await asyncio.wait_for(supervisor.run(), timeout=20) == workers.EXIT_WORKER_FAILED
+    assert "worker 1 of 1 did not start (killed by SIGKILL); no worker serves" in capsys.readouterr().err
+
+
+async def test_a_worker_that_ignores_sigterm_is_killed_after_the_stop_wait(caplog: pytest.LogCaptureFixture) -> None:
+    code = READY + "\nimport signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    supervisor = Supervisor(stand_in(code), 1, "http://127.0.0.1:1", stop_wait_s=0.3)
+    running = asyncio.ensure_future(supervisor.run())
+    await until(lambda: supervisor._workers[0].ready, timeout_s=20)
+    supervisor.stop()
+    assert await asyncio.wait_for(running, timeout=20) == 0
+    assert "did not stop within 0.3 s; killing it" in caplog.text
+
+
 def _all_exist(paths: Iterable[str]) -> bool:
     return all(Path(path).exists() for path in paths)
 
