@@ -7,13 +7,14 @@ import asyncio
 import os
 import re
 import signal
+import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
 import aiohttp
 import pytest
 
-from gateway.cli.main import EXIT_CONFIG
+from gateway.cli.main import EXIT_ADDRESS_IN_USE, EXIT_CONFIG
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.poll import until
 from tests.support.redis_server import RunningRedis, running_redis
@@ -162,3 +163,26 @@ async def test_local_share_must_count_every_worker(redis_server: RunningRedis) -
         "KVGATE_SHARED_LEDGER__REDIS_URL": redis_server.url, "KVGATE_SHARED_LEDGER__ON_UNREACHABLE": "local_share",
         "KVGATE_SHARED_LEDGER__REPLICAS": "2"})
     assert "shared_ledger.replicas = 2 is below server.workers = 3" in text
+
+
+async def test_workers_on_a_port_in_use_exit_with_its_code_before_any_starts(redis_server: RunningRedis) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        async with serve_process("--port", str(port), "--workers", "2", "--backend", "ollama=http://127.0.0.1:9",
+                                 env={"KVGATE_SHARED_LEDGER__REDIS_URL": redis_server.url}) as served:
+            code = await asyncio.wait_for(served.process.wait(), timeout=START_S)
+            text = (await served.stderr.read()).decode()
+    assert code == EXIT_ADDRESS_IN_USE, text
+    assert f"can't listen on 127.0.0.1:{port}: the port is already in use" in text and "worker" not in text
+
+
+async def test_one_worker_is_one_process_as_without_the_flag() -> None:
+    async with running(FakeLLM()) as fake, serve_process("--workers", "1", "--backend", f"ollama={fake.url}") as served:
+        line = await served.line_with("listening on")
+        assert "worker" not in line
+        url = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line).group(1)  # type: ignore[union-attr]
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/kvgate/health") as response:
+            assert "worker" not in await response.json()
+        await served.stop()
