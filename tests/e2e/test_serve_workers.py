@@ -115,10 +115,12 @@ def _gone(pid: int) -> bool:
     return False
 
 
-async def test_sigterm_stops_every_worker_and_exits_0(redis_server: RunningRedis) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_sigterm_or_sigint_stops_every_worker_and_exits_0(redis_server: RunningRedis, sig: int) -> None:
     async with serving_workers(redis_server) as (served, _):
         pids = await _pids_answering(served.url, 2)
-        await served.stop()  # SIGTERM, then exit status 0
+        served.process.send_signal(sig)  # a terminal's Ctrl-C reaches the supervisor alone: workers have own groups
+        assert await asyncio.wait_for(served.process.wait(), timeout=30) == 0
         assert all(_gone(pid) for pid in pids)
         rest = (await served.stderr.read()).decode()
         assert "stopping 2 workers" in rest and rest.count("shutting down") == 2
