@@ -248,6 +248,9 @@ def serve_command(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 def supervise(settings: Settings, argv: Sequence[str]) -> int:
     """``kvgate serve --workers N``: start N workers on the port, keep them running (gateway/cli/workers.py)."""
     host, port = settings.server.host, settings.server.port
+    if not hasattr(socket, "SO_REUSEPORT") or sys.platform != "linux":  # elsewhere it does not spread connections
+        raise StartupError(f"setting 'server.workers' = {settings.server.workers} needs Linux (SO_REUSEPORT); run "
+                           f"one worker here", EXIT_CONFIG)
     try:
         held = workers.hold_port(host, port)
     except OSError as exc:
