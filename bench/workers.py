@@ -50,22 +50,47 @@ class Case:
     """The fake upstream itself, no kvgate: the ceiling of this machine with this load generator."""
     rates: list[float] = field(default_factory=list)
     failed: int = 0
+    pid: int = 0
+    """The process started for it (a single kvgate, or the supervisor of its workers; the upstream's for direct)."""
+    requests: int = 0
+    cpu_s: float = 0.0
+    """CPU time of the case's processes (the supervisor and its workers) during its rounds, and their requests."""
 
     @property
     def rate(self) -> float:
         return statistics.median(self.rates)
 
+    @property
+    def per_cpu_s(self) -> float:
+        return self.requests / self.cpu_s if self.cpu_s else float("nan")
 
-def wrk(url: str, seconds: float, script: Path) -> tuple[float, int]:
-    """Requests per second and non-2xx answers (plus socket errors) of one wrk run against ``url``."""
+
+def _cpu_s(root: int) -> float:
+    """User and system CPU seconds of ``root`` and its children so far (Linux /proc; 0 elsewhere)."""
+    try:
+        children = Path(f"/proc/{root}/task/{root}/children").read_text().split()
+    except OSError:
+        return 0.0
+    total = 0.0
+    for pid in [root, *map(int, children)]:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return total
+
+
+def wrk(url: str, seconds: float, script: Path) -> tuple[float, int, int]:
+    """Requests per second, requests, and non-2xx answers (plus socket errors) of one wrk run against ``url``."""
     out = subprocess.run(["wrk", "-t2", f"-c{CONCURRENCY}", f"-d{seconds:g}s", "-s", str(script), f"{url}/api/chat"],
                          capture_output=True, text=True, timeout=seconds + 30, check=True).stdout
-    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    assert rate, out
+    rate, count = re.search(r"Requests/sec:\s+([\d.]+)", out), re.search(r"(\d+) requests in", out)
+    assert rate and count, out
     failed = sum(int(n) for n in re.findall(r"Non-2xx or 3xx responses:\s+(\d+)", out))
     errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     failed += sum(int(n) for n in errors.groups()) if errors else 0
-    return float(rate.group(1)), failed
+    return float(rate.group(1)), int(count.group(1)), failed
 
 
 async def _counting_everywhere(url: str, deadline_s: float = 60.0) -> None:
@@ -88,16 +113,19 @@ async def _counting_everywhere(url: str, deadline_s: float = 60.0) -> None:
 def render(cases: list[Case], seconds: float, rounds: int) -> str:
     one = next((case for case in cases if case.shared and case.workers == 1), None)
     alone = next((case for case in cases if not case.shared and not case.direct), None)
-    head = f"{'case':<34} {'workers':>7} {'req/s c=64':>11} {'vs 1 worker':>12} {'vs in-process':>14} {'failed':>7}"
+    head = (f"{'case':<34} {'workers':>7} {'req/s c=64':>11} {'vs 1 worker':>12} {'vs in-process':>14} "
+            f"{'req/CPU-s':>10} {'failed':>7}")
     lines = [head, "-" * len(head)]
     for case in cases:
         to_one = f"{case.rate / one.rate:.2f}" if one and case.shared else "-"
         to_alone = f"{case.rate / alone.rate:.2f}" if alone and not case.direct else "-"
         workers = "-" if case.direct else str(case.workers)
         lines.append(f"{case.name:<34} {workers:>7} {case.rate:>11.0f} {to_one:>12} {to_alone:>14} "
-                     f"{case.failed:>7}")
+                     f"{case.per_cpu_s:>10.0f} {case.failed:>7}")
     lines.append(f"(wrk -t2 -c{CONCURRENCY}, {seconds:g} s a round, the median of {rounds} rounds; 'vs 1 worker': "
-                 f"to one worker on the shared ledger; 'failed': non-2xx answers and socket errors, warm-up included)")
+                 "to one worker on the shared ledger; 'req/CPU-s': requests per CPU second of the case's own "
+                 "processes (supervisor and workers; for direct, the upstream; Redis and wrk not counted); 'failed': "
+                 "non-2xx answers and socket errors, warm-up included)")
     return "\n".join(lines)
 
 
@@ -109,8 +137,10 @@ def _start_kvgate(case: Case, upstream_url: str, redis_url: str, env: dict[str, 
     case_env = {**env, "KVGATE_SERVER__LOG_LEVEL": "warning", "KVGATE_BACKENDS": json.dumps([backend])}
     if case.shared:
         case_env |= {"KVGATE_SHARED_LEDGER__REDIS_URL": redis_url, "KVGATE_SHARED_LEDGER__PREFIX": f"bench{port}"}
-    return subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", str(port),
-                             "--workers", str(case.workers)], env=case_env)
+    process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", str(port),
+                                "--workers", str(case.workers)], env=case_env)
+    case.pid = process.pid
+    return process
 
 
 async def _ready(cases: list[Case], upstream_url: str) -> None:
@@ -127,11 +157,14 @@ def measure(cases: list[Case], seconds: float, rounds: int) -> None:
         script.write(LUA)
         script.flush()
         for case in cases:  # warm every path (its failures count: a warm-up is load too)
-            case.failed += wrk(case.url, 1, Path(script.name))[1]
+            case.failed += wrk(case.url, 1, Path(script.name))[2]
         for _ in range(rounds):  # alternate so drift hits every case alike
             for case in cases:
-                rate, failed = wrk(case.url, seconds, Path(script.name))
+                cpu_s = _cpu_s(case.pid)
+                rate, requests, failed = wrk(case.url, seconds, Path(script.name))
+                case.cpu_s += _cpu_s(case.pid) - cpu_s
                 case.rates.append(rate)
+                case.requests += requests
                 case.failed += failed
 
 
@@ -158,6 +191,7 @@ def main() -> int:
                           "--appendonly", "no"], stdout=subprocess.DEVNULL),
         subprocess.Popen([sys.executable, "-m", "bench.fake_upstream", str(upstream_port)], env=env),
     ]
+    cases[0].pid = processes[1].pid
     try:
         processes += [_start_kvgate(case, upstream_url, redis_url, env) for case in cases if not case.direct]
         asyncio.run(_ready(cases, upstream_url))
