@@ -115,7 +115,7 @@ def _gone(pid: int) -> bool:
     return False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 async def test_sigterm_or_sigint_stops_every_worker_and_exits_0(redis_server: RunningRedis, sig: int) -> None:
     async with serving_workers(redis_server) as (served, _):
         pids = await _pids_answering(served.url, 2)
