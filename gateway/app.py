@@ -304,16 +304,18 @@ async def _proxied(request: web.Request, *, route: Route) -> web.StreamResponse:
     return await request.app[PROXY].handle(request, route)
 
 
-async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+async def start_server(app: web.Application, host: str, port: int, *,
+                       reuse_port: bool = False) -> tuple[web.AppRunner, int]:
     """Serve ``app``; a client that disconnects cancels its handler, which closes the upstream request. Client
     connections get the header and body deadlines and the cap of ``gateway.edge.serving`` (an app not built by
-    ``create_app``, like a test's fake backend, gets the default settings)."""
+    ``create_app``, like a test's fake backend, gets the default settings). ``reuse_port``: one of the workers of
+    ``kvgate serve --workers N``, which all listen on the port (gateway/cli/workers.py)."""
     connections = app.get(CONNECTIONS) or Connections(ClientLimits.from_settings(ServerSettings()))
     # auto_decompress=False: request bodies arrive as sent; kvgate decodes those it reads (gateway.edge.body.encoding,
     # bounded) and passes the others through with their Content-Encoding
     runner = GuardedRunner(app, connections, handler_cancellation=True, access_log=None, auto_decompress=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
     await site.start()
     server = site._server
     sockets = getattr(server, "sockets", None) or []

@@ -7,6 +7,7 @@ Errors use OpenAI's error shape (the most common client), with the parameter nam
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -43,10 +44,16 @@ DEFAULT_CONTEXT_TOKENS = 8192
 Deps = Callable[[web.Request], tuple[BackendRegistry, BackendProbes]]
 CountDeps = Callable[[web.Request], tuple[BackendRegistry, PromptCounter, BodyBudget]]
 COUNTABLE_ROUTES = {route.path: route for route in ROUTES if route.operation in COUNTED_OPERATIONS}
+WORKER = web.AppKey("worker", int)
+"""Which of ``kvgate serve --workers N``'s processes this is (0 .. N-1); absent in a single process."""
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "version": __version__})
+    worker = request.app.get(WORKER)
+    if worker is None:
+        return web.json_response({"status": "ok", "version": __version__})
+    # which process answered, for an operator (or a test) checking that the port's connections are spread
+    return web.json_response({"status": "ok", "version": __version__, "worker": {"index": worker, "pid": os.getpid()}})
 
 
 def fit_handler(deps: Deps) -> Callable[[web.Request], Awaitable[web.Response]]:

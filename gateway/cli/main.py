@@ -21,7 +21,7 @@ from gateway import __version__
 from gateway.admission.keyless import keyless_caps_line
 from gateway.cli import demo as demo_cli
 from gateway.cli import estimate as estimate_cli
-from gateway.cli import hangups
+from gateway.cli import hangups, workers
 from gateway.cli.check import command as check_cli
 from gateway.config.reload import Reloader, ReloadRefused
 from gateway.config.reload_guard import refusing_empty_file
@@ -106,6 +106,11 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument("--config", type=Path, help="TOML settings file (see config/kvgate.toml)")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (default 11435)")
+    serve.add_argument("--workers", type=int, help="processes serving on the port (default 1); more than 1 needs "
+                       "[shared_ledger] redis_url")
+    # a worker of ``--workers N`` (gateway/cli/workers.py): set by its supervisor, never by hand
+    serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-fd", type=int, help=argparse.SUPPRESS)
     serve.add_argument(
         "--backend", action="append", default=[], metavar="[NAME:]KIND=URL",
         help="a backend: URL, kind=URL or name:kind=URL; kind is ollama, llama-server or openai (repeatable)",
@@ -136,6 +141,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         server["host"] = args.host
     if args.port is not None:
         server["port"] = args.port
+    if args.workers is not None:
+        server["workers"] = args.workers
     if server:
         overrides["server"] = server
     if args.backend:
@@ -143,13 +150,18 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, **overrides)
 
 
-async def serve(settings: Settings, source: Callable[[], Settings] | None = None) -> None:
-    """Serve until SIGINT or SIGTERM; SIGHUP re-reads the configuration from ``source`` (gateway/config/reload.py)."""
+async def serve(settings: Settings, source: Callable[[], Settings] | None = None,
+                worker: workers.WorkerRole | None = None) -> None:
+    """Serve until SIGINT or SIGTERM; SIGHUP re-reads the configuration from ``source`` (gateway/config/reload.py).
+    ``worker``: serve as one of ``--workers N`` (gateway/cli/workers.py), on a port shared with the others."""
+    from gateway.api.kvgate import WORKER
     from gateway.app import RELOADER, create_app, start_server
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     app = create_app(settings, settings_source=source)
+    if worker is not None:
+        app[WORKER] = worker.index
     reloads: set[asyncio.Task[None]] = set()
 
     def reload_on_hangup() -> None:
@@ -162,18 +174,26 @@ async def serve(settings: Settings, source: Callable[[], Settings] | None = None
         with contextlib.suppress(NotImplementedError, AttributeError):  # AttributeError: no SIGHUP (Windows)
             loop.add_signal_handler(sig, handler)
     try:
-        runner, port = await start_server(app, settings.server.host, settings.server.port)
+        runner, port = await start_server(app, settings.server.host, settings.server.port,
+                                          reuse_port=worker is not None)
     except OSError as exc:  # lost a race for the port since check_listen_address
         raise _listen_error(settings.server.host, settings.server.port, exc) from None
     backends = ", ".join(f"{b.name} ({b.kind}) {b.shown_url}" for b in settings.backends)
-    log.info("kvgate %s listening on http://%s:%d; backends: %s", __version__, settings.server.host, port, backends)
+    who = "" if worker is None else f" worker {worker.index} (pid {os.getpid()})"
+    log.info("kvgate %s%s listening on http://%s:%d; backends: %s", __version__, who, settings.server.host, port,
+             backends)
     log.info("%s", keyless_caps_line(settings))  # which caps a request without a key runs with (README: Tenants)
     if hangups.take_pending():  # a SIGHUP while kvgate started (gateway/cli/hangups.py): the reload it asked for, now
         reload_on_hangup()
+    link = None if worker is None else workers.SupervisorLink(worker)
+    if link is not None:
+        link.ready(loop, stop.set)
     try:
         await stop.wait()
     finally:
         log.info("shutting down")
+        if link is not None:
+            link.close()
         for task in list(reloads):
             await task  # a reload in progress finishes (or fails) before the app it changes is torn down
         await runner.cleanup()
@@ -195,9 +215,11 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
         uvloop.run(main)
 
 
-def serve_command(args: argparse.Namespace) -> int:
+def serve_command(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     """``kvgate serve``: a bad setting or an address or directory it can't use is one line on stderr and its own
-    exit code, never a traceback."""
+    exit code, never a traceback. With ``server.workers`` above 1 this process is the workers' supervisor, and
+    ``argv`` (its command line) is theirs."""
+    worker = None if args.worker_fd is None else workers.WorkerRole(args.worker_index or 0, args.worker_fd)
     try:
         settings = settings_from_args(args)
     except ConfigError as exc:
@@ -206,16 +228,38 @@ def serve_command(args: argparse.Namespace) -> int:
             print(f"kvgate: {line}", file=sys.stderr)
         return EXIT_CONFIG
     configure_logging(settings.server.log_level, settings.server.log_format)
-    for line in unknown_environment(os.environ):
-        log.warning("%s", line)
+    if worker is None:  # a worker's supervisor said it already
+        for line in unknown_environment(os.environ):
+            log.warning("%s", line)
     try:
         check_cache_dir(settings.counting.cache_dir)
-        check_listen_address(settings.server.host, settings.server.port)
-        run_event_loop(serve(settings, refusing_empty_file(args.config, functools.partial(settings_from_args, args))))
+        if worker is None:  # a worker's port is held by its supervisor, which checked it
+            check_listen_address(settings.server.host, settings.server.port)
+        if worker is None and settings.server.workers > 1:
+            return supervise(settings, argv)
+        run_event_loop(serve(settings, refusing_empty_file(args.config, functools.partial(settings_from_args, args)),
+                             worker))
     except StartupError as exc:
         print(f"kvgate: {exc}", file=sys.stderr)
         return exc.exit_code
     return 0
+
+
+def supervise(settings: Settings, argv: Sequence[str]) -> int:
+    """``kvgate serve --workers N``: start N workers on the port, keep them running (gateway/cli/workers.py)."""
+    host, port = settings.server.host, settings.server.port
+    if not hasattr(socket, "SO_REUSEPORT") or sys.platform != "linux":  # elsewhere it does not spread connections
+        raise StartupError(f"setting 'server.workers' = {settings.server.workers} needs Linux (SO_REUSEPORT); run "
+                           f"one worker here", EXIT_CONFIG)
+    try:
+        held = workers.hold_port(host, port)
+    except OSError as exc:
+        raise _listen_error(host, port, exc) from None
+    with held:
+        port = held.getsockname()[1]
+        supervisor = workers.Supervisor(workers.worker_command(argv, port), settings.server.workers,
+                                        f"http://{host}:{port}")
+        return asyncio.run(supervisor.run())
 
 
 def sim_command(argv: Sequence[str]) -> int:
@@ -233,6 +277,7 @@ def sim_command(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, rest = parser.parse_known_args(argv)
     if args.command != "serve":
         hangups.release()  # only serve reloads on SIGHUP; for the others it ends them, as it would have
@@ -241,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "serve":
-        return serve_command(args)
+        return serve_command(args, argv)
     if args.command == "estimate":
         return asyncio.run(estimate_cli.run(args))
     if args.command == "demo":

@@ -66,6 +66,9 @@ __all__ = [  # the tenants' and admission's settings live in their own modules; 
 DEFAULT_PORT = 11435
 """kvgate listens next to Ollama's 11434 by default, so clients change one digit."""
 
+MAX_WORKERS = 64
+"""``server.workers`` at most: past the cores of any host kvgate runs on, each worker is one more Redis client."""
+
 _TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -78,6 +81,10 @@ class ServerSettings(Strict):
 
     host: str = "127.0.0.1"
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
+    workers: int = Field(
+        default=1, ge=1, le=MAX_WORKERS, description="processes serving on the port (SO_REUSEPORT), kept by a "
+        "supervisor that restarts one that dies; above 1 needs shared_ledger.redis_url (one KV budget for all)",
+    )
     allow_reload_to_drop_security: bool = Field(
         default=False, description="a reload (SIGHUP, POST /kvgate/reload) whose file removes every tenant's key or "
         "the admin key, turns require_api_key off or lets unknown keys in, is refused (a SECURITY warning) unless "
@@ -260,9 +267,21 @@ class Settings(BaseSettings):
         if duplicates:
             raise ValueError(f"backend names must be unique; repeated: {', '.join(duplicates)}")
         self._tenants_consistent()
+        self._workers_consistent()
         if self.default_backend is not None and self.default_backend not in names:
             raise ValueError(f"default_backend '{self.default_backend}' is not a backend; known: {', '.join(names)}")
         return self
+
+    def _workers_consistent(self) -> None:
+        workers, ledger = self.server.workers, self.shared_ledger
+        if workers > 1 and ledger.redis_url is None:
+            raise ValueError(f"server.workers = {workers} needs shared_ledger.redis_url: each worker's own ledger "
+                             f"would admit the whole KV pool {workers} times over; set [shared_ledger] redis_url (a "
+                             f"local Redis will do) or run one worker")
+        if workers > ledger.replicas and ledger.on_unreachable == "local_share":
+            raise ValueError(f"shared_ledger.replicas = {ledger.replicas} is below server.workers = {workers}: "
+                             f"with Redis unreachable each worker admits into 1/replicas of every pool; count "
+                             f"every worker of every replica in shared_ledger.replicas")
 
     def _tenants_consistent(self) -> None:
         digests = [digest for tenant in self.tenants.values() for digest in tenant.digests()]
