@@ -31,7 +31,8 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.overhead import _free_port, _wait_ready
+from bench.hops import free_port
+from bench.overhead import _wait_ready
 
 CONCURRENCY = 64
 LUA = """wrk.method = "POST"
@@ -130,7 +131,7 @@ def render(cases: list[Case], seconds: float, rounds: int) -> str:
 
 
 def _start_kvgate(case: Case, upstream_url: str, redis_url: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    port = _free_port()
+    port = free_port()
     case.url = f"http://127.0.0.1:{port}"
     # 64 slots of 8K tokens: the benchmark measures kvgate's cost, not its queue
     backend = {"name": "bench", "kind": "ollama", "url": upstream_url, "parallel": 64}
@@ -180,7 +181,7 @@ def main() -> int:
             print(f"bench.workers needs {tool} on PATH", file=sys.stderr)
             return 2
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
-    upstream_port, redis_port = _free_port(), _free_port()
+    upstream_port, redis_port = free_port(), free_port()
     upstream_url, redis_url = f"http://127.0.0.1:{upstream_port}", f"redis://127.0.0.1:{redis_port}/0"
     cases = [Case("direct to the fake upstream", 0, shared=False, url=upstream_url, direct=True),
              Case("1 process, in-process ledger", 1, shared=False)]
