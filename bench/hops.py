@@ -175,6 +175,8 @@ LITELLM_CONFIG = """model_list:
     litellm_params:
       model: ollama_chat/bench
       api_base: {upstream}
+general_settings:
+  dangerously_permit_weak_or_unset_master_key: true  # loopback only, no key: as kvgate runs here
 """
 
 

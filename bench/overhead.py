@@ -95,13 +95,14 @@ SMALL = orjson.dumps({"model": "bench", "stream": False, "messages": [{"role": "
 
 @dataclass(frozen=True)
 class Target:
-    """One hop as the client sees it: its URLs (several: the client spreads its requests over them) and the route
-    and body of a small chat (LiteLLM takes OpenAI's, every other hop Ollama's)."""
+    """One hop as the client sees it: its URLs (several: the client spreads its requests over them), the route of a
+    small chat (LiteLLM takes OpenAI's, every other hop Ollama's), and whether the Python client measures it too (a
+    hop that takes tens of milliseconds a request is measured by wrk alone: its rounds are timed, not counted)."""
 
     urls: list[str]
     path: str = "/api/chat"
     small: bytes = SMALL
-    streams: bool = True
+    python_client: bool = True
 
 
 def _small(http: aiohttp.ClientSession, target: Target) -> Callable[[], Awaitable[int]]:
@@ -155,7 +156,7 @@ async def measure(targets: dict[str, Target], quick: bool, rounds: int = ROUNDS)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
         for name, concurrency, per_worker, make in plans:
-            here = {label: t for label, t in targets.items() if make is _small or t.streams}
+            here = {label: t for label, t in targets.items() if t.python_client}
             for target in here.values():  # warm every path
                 await _run(concurrency, max(1, per_worker // 10), make(http, target))
             runs: dict[str, list[Result]] = {label: [] for label in here}
@@ -304,12 +305,15 @@ async def amain(hops: Hops, quick: bool, use_wrk: bool) -> None:
             await _wait_ready(url + ready, deadline_s=90.0)
             if gateway:
                 print(f"{label} at {url} counts with: {await _wait_for_tokenizer(url)}")
-        targets[label] = Target(urls, chat, streams=chat == "/api/chat")
+        targets[label] = Target(urls, chat, python_client=chat == "/api/chat")
+    binary = wrk_binary() if use_wrk else None
+    for label in [label for label, target in targets.items() if not target.python_client and binary is None]:
+        del targets[label]
+        hops.missing[label] = "measured by wrk only, and wrk is not installed"
     for label, why in hops.missing.items():
         print(f"{label}: not measured: {why}")
     rounds = 3 if quick else ROUNDS
     rows = await measure(targets, quick, rounds)
-    binary = wrk_binary() if use_wrk else None
     if binary is not None:
         wrk = Wrk(binary, SMALL)
         try:

@@ -48,11 +48,11 @@ class Wrk:
     """wrk with one POST body (a temporary Lua script, removed by ``close``)."""
 
     def __init__(self, binary: str, body: bytes) -> None:
+        if b"'" in body or b"\\" in body:
+            raise ValueError("the body must not need escaping in a Lua string")
         self._binary = binary
         self._dir = tempfile.TemporaryDirectory()
         self._script = Path(self._dir.name) / "post.lua"
-        if b"'" in body or b"\\" in body:
-            raise ValueError("the body must not need escaping in a Lua string")
         self._script.write_text(LUA.format(body=body.decode()))
 
     def close(self) -> None:
