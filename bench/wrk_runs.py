@@ -17,6 +17,8 @@ wrk.body = '{body}'
 wrk.headers["Content-Type"] = "application/json"
 """
 _UNIT_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+TIMEOUT_S = 10
+"""wrk's own timeout is 2 s: a slow hop at c=64 (LiteLLM) would count its slowest answers as failures."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,8 @@ class Wrk:
         """One run: every URL at once, ``concurrency`` connections split between them (at least one each); the
         rates add up, the median is the first URL's."""
         share = max(1, concurrency // len(urls))
-        argv = [self._binary, "-t1", f"-c{share}", f"-d{max(1, seconds)}s", "--latency", "-s", str(self._script)]
+        argv = [self._binary, "-t1", f"-c{share}", f"-d{max(1, seconds)}s", f"--timeout={TIMEOUT_S}s", "--latency",
+                "-s", str(self._script)]
         processes = [subprocess.Popen([*argv, url + path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                      for url in urls]
         results = [parse_wrk(process.communicate(timeout=seconds + 30)[0]) for process in processes]
