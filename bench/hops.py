@@ -65,6 +65,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def stop_process(process: subprocess.Popen[bytes], wait_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``wait_s``; reaped either way."""
+    process.terminate()
+    try:
+        process.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def nginx_config(directory: Path, port: int, upstream_port: int) -> str:
     """nginx.conf for a keep-alive, unbuffered reverse proxy on 127.0.0.1:``port``, every path under ``directory``."""
     return NGINX_CONF.format(dir=directory, port=port, upstream=upstream_port)
@@ -107,12 +117,7 @@ class Hops:
     def stop(self) -> None:
         """Last started, first stopped, each before the next: no kvgate outlives the Redis or upstream it uses."""
         for process in reversed(self._processes):
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)
         self._tmp.cleanup()
 
     def _spawn(self, argv: list[str], env: dict[str, str], cwd: str | None = None) -> subprocess.Popen[bytes]:

@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.hops import free_port
+from bench.hops import free_port, stop_process
 from bench.net_effect_cells import EXPORTER, QUICK, Cell, RealLlamaServer, Sim, all_cells
 from bench.net_effect_report import HEADER, Side, Verdict, median_side, row, side_of, verdict, verdict_line
 from bench.net_effect_workload import ForeignProcesses
@@ -120,12 +120,7 @@ async def kvgate_in_front(cell: Cell, running: Running, http: aiohttp.ClientSess
         await _warm_counters(http, url, cell.models)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 async def _wait_healthy(http: aiohttp.ClientSession, url: str, process: subprocess.Popen[bytes],

@@ -46,7 +46,8 @@ def fast(url: str, **changes: Any) -> SharedLedgerSettings:
 @contextlib.asynccontextmanager
 async def replica(config: SharedLedgerSettings) -> AsyncIterator[WaitingRoom]:
     assert config.redis_url is not None
-    store = SharedStore.from_url(config.redis_url.get_secret_value(), prefix=config.prefix, timeout_s=config.timeout_s)
+    store = SharedStore.from_url(config.redis_url.get_secret_value(), prefix=config.prefix, timeout_s=config.timeout_s,
+                                 connections=config.connections)
     shared = SharedPools(store, config)
     room = WaitingRoom(Ledger(), shared=shared)
     task = asyncio.create_task(shared.run(room.waiting_keys, room.redispatch))

@@ -13,11 +13,11 @@ import redis.asyncio as aioredis
 from pydantic import SecretStr
 
 from gateway.admission import Ledger, PoolSpec, RequestCost, WaitingRoom
-from gateway.admission.shared.shared_pools import RELEASE_RIDE_S, SharedPools
+from gateway.admission.shared.shared_pools import RELEASE_RIDE_S
 from gateway.admission.shared.store import Limits, SharedStore
 from gateway.admission.types import Policy
 from gateway.config.shared_ledger import SharedLedgerSettings
-from gateway.support.tasks import stop
+from tests.admission.shared.test_replicas import replica
 from tests.support.poll import until
 
 POOL = PoolSpec.unified_pool("ls", "", pool_tokens=1_000_000, slots=256)
@@ -31,17 +31,9 @@ def _cost(tokens: int = 1_000) -> RequestCost:
 
 @contextlib.asynccontextmanager
 async def _replica(url: str, **changes: Any) -> AsyncIterator[WaitingRoom]:
-    config = SharedLedgerSettings(redis_url=SecretStr(url), **changes)
-    store = SharedStore.from_url(url, prefix=config.prefix, timeout_s=config.timeout_s,
-                                 connections=config.connections)
-    shared = SharedPools(store, config)
-    room = WaitingRoom(Ledger(), shared=shared)
-    task = asyncio.create_task(shared.run(room.waiting_keys, room.redispatch))
-    try:
+    """A replica on the default settings (a 10 s lease, the default pool), but for ``changes``."""
+    async with replica(SharedLedgerSettings(redis_url=SecretStr(url), **changes)) as room:
         yield room
-    finally:
-        await stop(task)
-        await shared.close()
 
 
 async def _script_calls(url: str) -> int:
