@@ -40,6 +40,7 @@ from gateway.fitting.summaries import Summaries
 from gateway.fitting.summary_writer import InternalCalls, Summarizer
 from gateway.loads.gate import LoadGate
 from gateway.loads.gpu_ledger import GpuBoard, LoadReservations
+from gateway.loads.shared_gpu import SharedGpu
 from gateway.memory.vram import VramSource
 from gateway.observability import status_page
 from gateway.observability.gpus import gpu_rows, refresh_gpus
@@ -140,9 +141,12 @@ def create_app(
         shared = shared_pools(settings.shared_ledger)  # None: the ledger lives in this process only
         app[SHARED] = shared
         room = WaitingRoom(Ledger(), shared=shared)
+        shared_gpu = None if shared is None else SharedGpu(  # load decisions one replica at a time (shared_gpu.py)
+            shared.store.client, prefix=settings.shared_ledger.prefix, replica=shared.store.replica,
+            ttl_s=settings.shared_ledger.lease_ttl_s)
         if shared is not None:
-            metrics.registry.register(SharedLedgerCollector(shared))
-        loads = LoadGate(settings, app[PROBES], room, app[LOAD_RESERVATIONS], clock=clock)
+            metrics.registry.register(SharedLedgerCollector(shared, shared_gpu))
+        loads = LoadGate(settings, app[PROBES], room, app[LOAD_RESERVATIONS], clock=clock, shared_gpu=shared_gpu)
         app[LOADS] = loads
         metrics.watch_loads(lambda: loads.counts)
         pools = PoolDirectory(settings, app[PROBES], loads=loads)
@@ -260,7 +264,7 @@ async def _status(request: web.Request) -> web.Response:
     live = app[LIVE]
     status["config"] = {"reloaded_at_s": live.reloaded_at_s, "needs_restart": list(live.needs_restart)}
     status["recent"] = app[METRICS].recent_decisions.snapshot()  # newest first (observability/decisions.py)
-    status["shared_ledger"] = shared_status(app[SHARED])
+    status["shared_ledger"] = shared_status(app[SHARED], app[LOADS].shared_gpu)
     status["longest_prompts"] = app[METRICS].longest_prompts.snapshot()  # kvgate check --gateway reads these
     if "text/html" in request.headers.get("Accept", ""):
         return web.Response(text=status_api.status_html(status), content_type="text/html")
@@ -288,7 +292,7 @@ async def _reload(request: web.Request) -> web.Response:
 async def _refresh_gpus(app: web.Application) -> None:
     """refresh_gpus reports an unreadable GPU on the board; anything else is a bug, logged, never a failed page."""
     try:
-        await refresh_gpus(app[REGISTRY], app[PROBES], app[LOAD_RESERVATIONS], app[GPU_BOARD])
+        await refresh_gpus(app[REGISTRY], app[PROBES], app[LOAD_RESERVATIONS], app[GPU_BOARD], app[LOADS].shared_gpu)
     except Exception:
         log.exception("GPU ledger refresh failed")
 

@@ -18,6 +18,7 @@
     ├── BackendNotReady          503  the backend's KV pool can't be learned right now (with Retry-After)
     ├── RateLimited              429  a tenant over its tokens or requests per minute (with Retry-After)
     ├── LoadRefused              503  a model load would overrun GPU memory and waiting won't help (Retry-After)
+    ├── GpuLedgerUnavailable     503  a load decision needs the shared GPU ledger and Redis is away (Retry-After)
     ├── BackendUnavailable       502  the backend refused the connection or broke it before answering
     │   └── BackendDown          502  it refuses connections and has not answered lately: answered at once
     ├── BackendTimeout           504  the backend did not answer (or stalled) within a configured timeout
@@ -151,6 +152,11 @@ class RateLimited(RetryLater, status=429, code="rate_limited"):
 class LoadRefused(RetryLater, status=503, code="gpu_memory_exhausted"):
     """Raised when a model can't be loaded without overrunning GPU memory and waiting won't make room; the message
     names the model, the bytes it needs and the bytes free."""
+
+
+class GpuLedgerUnavailable(RetryLater, status=503, code="ledger_unavailable"):
+    """Raised when a load decision needs the shared GPU ledger's lease (``[shared_ledger]``, on_unreachable =
+    "refuse") and Redis does not answer: no replica decides a load it can't serialise with the others'."""
 
 
 class BackendUnavailable(GatewayError, status=502, code="backend_unavailable"):

@@ -50,7 +50,7 @@ import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.admission import rejections as errors
@@ -65,6 +65,7 @@ from gateway.admission.shared.snapshots import combine, limits_for
 from gateway.admission.shared.store import Place, Turn
 from gateway.admission.stats import QueueCounters, QueueStats, WaiterView
 from gateway.admission.types import Admit, LedgerSnapshot, Policy, PoolKey, PoolSpec, Reject, RequestCost, Wait
+from gateway.backends.model_names import name_candidates
 
 Clock = Callable[[], float]
 
@@ -122,8 +123,19 @@ class WaitingRoom:
         return self._ledger
 
     def active_sequences(self, backend: str, model: str) -> int:
-        """kvgate's sequences active on (backend, model): what the load level (loads/gate.py) reads of this one."""
-        return self._ledger.snapshot(PoolKey(backend, model)).active_sequences
+        """kvgate's sequences active on (backend, model): what the load level (loads/gate.py) reads of this one.
+        With a shared ledger, every replica's: the others' as last read (``refresh_active`` reads them afresh)."""
+        key = PoolKey(backend, model)
+        mine = self._ledger.snapshot(key).active_sequences
+        return mine if self._shared is None else mine + self._shared.others(key).active_sequences
+
+    async def refresh_active(self, backend: str, models: Sequence[str]) -> None:
+        """Read the other replicas' sequences on these models afresh (each spelling a pool may go by): before a load
+        decision, so a model another replica runs requests on is never taken for idle. Nothing without a shared
+        ledger."""
+        if self._shared is not None:
+            keys = dict.fromkeys(PoolKey(backend, name) for model in models for name in name_candidates(model))
+            await self._shared.refresh(keys, touch=False)
 
     async def acquire(
         self,

@@ -11,6 +11,8 @@ context, after which unloads; what each GPU holds. The sequence level (does a re
     oom.py           a GPU out-of-memory after a load was admitted: one retry, else 503                        pure
     gpu_reading.py   one backend's GpuBudget read live (VRAM source, resident models, loads in flight)        I/O
     gate.py          LoadGate: the I/O around decide_load (unloads, reservations, the wait, the claim)        I/O
+    backend_lock.py  the lock a backend's residency is decided under: local, and the shared lease             I/O
+    shared_gpu.py    one GPU ledger across replicas: a lease per backend in Redis, loads in flight, loaded at  I/O
     oom_catch.py     the backend's out-of-memory 500, caught before it reaches the client                      I/O
     load_requests.py Ollama's load and unload requests (no messages, no prompt) through the load gate        I/O
     (* one read of /proc/meminfo)

@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -49,6 +49,7 @@ from gateway.backends.prober import ProbeError, ProfileUnderivable
 from gateway.backends.probes import BackendProbes
 from gateway.config.settings import ModelSettings, Settings
 from gateway.errors import LoadRefused
+from gateway.loads.backend_lock import BackendLock
 from gateway.loads.gpu_ledger import GpuBudget, GpuEntry, LoadReservations
 from gateway.loads.gpu_reading import read_gpu_entry
 from gateway.loads.offload import CpuOffload, FullGpu, SpillTarget, when_full
@@ -62,6 +63,7 @@ from gateway.loads.plan import (
     decide_load,
 )
 from gateway.loads.preview import RESIDENT, LoadPreview, preview_of
+from gateway.loads.shared_gpu import SharedGpu
 from gateway.memory.load_cost import RunKnobs, estimate_load_cost
 from gateway.memory.profile import ModelProfile
 from gateway.memory.sources.ollama_answers import default_context_tokens
@@ -129,10 +131,13 @@ class Lowered:
 
 
 class ActiveSequences(Protocol):
-    """What the load level reads of the sequence level: kvgate's active sequences on (backend, model). The waiting
+    """What the load level reads of the sequence level: kvgate's active sequences on (backend, model), every
+    replica's with a shared ledger, and a way to read the other replicas' afresh before a decision. The waiting
     room is one (admission/waiting_room.py); a Protocol here keeps the dependency one way, admission -> loads."""
 
     def active_sequences(self, backend: str, model: str) -> int: ...
+
+    async def refresh_active(self, backend: str, models: Sequence[str]) -> None: ...
 
 
 class LoadGate:
@@ -145,6 +150,7 @@ class LoadGate:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        shared_gpu: SharedGpu | None = None,
     ) -> None:
         self._settings = settings
         self._probes = probes
@@ -152,7 +158,11 @@ class LoadGate:
         self._reservations = reservations
         self._clock = clock
         self._sleep = sleep
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.shared_gpu = shared_gpu
+        """The GPU leases across replicas (``[shared_ledger]``), None for one kvgate alone (shared_gpu.py)."""
+        self._locks: dict[str, BackendLock] = {}
+        self._loaded_elsewhere: dict[tuple[str, str], float] = {}
+        """When another replica last loaded each (backend, model), on this replica's clock (from the lease)."""
         self._last_used: dict[tuple[str, str], float] = {}
         self._loaded_at: dict[tuple[str, str], float] = {}
         self._expected_at: dict[tuple[str, str], float] = {}
@@ -192,10 +202,14 @@ class LoadGate:
         """A request for ``model`` was served now (least recently used goes first)."""
         self._last_used[(backend, canonical_model(model))] = self._clock()
 
-    def lock(self, backend: Backend) -> asyncio.Lock:
-        """Held while kvgate decides, unloads and loads on ``backend``: a read of what is loaded taken under it is
-        never in the middle of an unload."""
-        return self._locks.setdefault(backend.name, asyncio.Lock())
+    def lock(self, backend: Backend) -> BackendLock:
+        """Held while kvgate decides, unloads and loads on ``backend`` (with a shared ledger: while every replica
+        does, backend_lock.py): a read of what is loaded taken under it is never in the middle of an unload."""
+        lock = self._locks.get(backend.name)
+        if lock is None:
+            lock = self._locks[backend.name] = BackendLock(backend.name, self.shared_gpu,
+                                                           self._settings.shared_ledger.on_unreachable)
+        return lock
 
     def expect(self, backend: str, model: str) -> None:
         """Requests are on their way to ``model`` (its pool was just read): not unloaded before they claim it."""
@@ -304,12 +318,19 @@ class LoadGate:
             # a reading taken now, not one up to vram_refresh_s old: a process that took GPU memory since would
             # otherwise be missed, and the load planned into memory it holds (out of memory at load)
             await self._probes.vram(backend, taken_after_s=self._clock())
-        entry = await read_gpu_entry(backend, self._probes, self._reservations)
+        held = self.lock(backend).held  # holding the lease, no other replica has a load in flight here
+        entry = await read_gpu_entry(backend, self._probes, self._reservations,
+                                     None if held is not None else self.shared_gpu)
         budget = None if entry is None else entry.budget
         if budget is None:
             problem = "no vram source" if entry is None else entry.problem
             log.warning("load of %s is not checked against GPU memory: %s", _label(backend, model), problem)
             return None, False
+        if held is not None:  # what the other replicas loaded lately, and run now on what is resident
+            now_s = self._clock()
+            for other in held.loaded_elsewhere:
+                self._loaded_elsewhere[(backend.name, canonical_model(other.model))] = now_s - other.age_s
+            await self._room.refresh_active(backend.name, [m.name for m in budget.residents])
         if self._probes.partly_on_cpu(backend.name):
             self.cpu_offload.saw(backend.name, True, f"/api/ps showed {self._probes.partly_on_cpu(backend.name)} "
                                  "partly on the CPU")
@@ -341,7 +362,7 @@ class LoadGate:
 
     async def _preview_inputs(self, backend: Backend, model: str) -> tuple[ModelProfile, GpuEntry | None]:
         profile = await self._probes.profile(backend, model)
-        return profile, await read_gpu_entry(backend, self._probes, self._reservations)
+        return profile, await read_gpu_entry(backend, self._probes, self._reservations, self.shared_gpu)
 
     def resident(self, backend: str, model: str) -> bool | None:
         """Whether the last /api/ps kvgate read from ``backend`` listed ``model`` (None: none read yet)."""
@@ -397,9 +418,13 @@ class LoadGate:
             self._room.active_sequences(backend.name, spelling)
             for spelling in name_candidates(name)))
         last_used_s = self._last_used.get(key, float("-inf"))
-        loaded_at_s = self._loaded_at.get(key, float("-inf"))
-        expected_s = max(loaded_at_s, self._expected_at.get(key, float("-inf")))
-        awaited = expected_s > last_used_s and self._clock() - expected_s < self._settings.residency.load_wait_s
+        elsewhere_s = self._loaded_elsewhere.get(key, float("-inf"))
+        loaded_at_s = max(self._loaded_at.get(key, float("-inf")), elsewhere_s)
+        expected_s = max(self._loaded_at.get(key, float("-inf")), self._expected_at.get(key, float("-inf")))
+        now_s = self._clock()
+        awaited = ((expected_s > last_used_s and now_s - expected_s < self._settings.residency.load_wait_s)
+                   or now_s - elsewhere_s < min(self._settings.shared_ledger.lease_ttl_s,
+                                                self._settings.residency.load_wait_s))
         return ResidentState(
             name=name, resident_bytes=resident_bytes, active_sequences=active,
             pinned=bool(settings and settings.pin), priority=settings.priority if settings else 0,
@@ -417,7 +442,10 @@ class LoadGate:
             log.warning("%s", _describe(backend, decision))
         num_ctx = decision.context_tokens if explicit or decision.lowered_from is not None else None
         reservation = self._reservations.reserve(backend.name, decision.model, decision.load_bytes)
+        held = self.lock(backend).held
         try:
+            if held is not None:  # every other replica counts its bytes until it ends
+                await held.loading(decision.model, decision.load_bytes)
             try:
                 await self._probes.load_model(backend, decision.model, num_ctx, embedding=embedding)
             except ProbeError as exc:
@@ -428,6 +456,8 @@ class LoadGate:
                                 backend.describe(), decision.model, exc)
                 raise
             self._count(backend).loads += 1
+            if held is not None:
+                held.loaded(decision.model)
             self._count(backend).lowered += decision.lowered_from is not None
             self._loaded_at[(backend.name, canonical_model(decision.model))] = self._clock()
         finally:

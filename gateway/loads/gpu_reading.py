@@ -23,14 +23,18 @@ from gateway.loads.gpu_ledger import (
     estimated_resident,
     reported_resident,
 )
+from gateway.loads.shared_gpu import GpuLedgerUnreachable, SharedGpu
 from gateway.memory.load_cost import RunKnobs, estimate_load_cost
 from gateway.memory.vram import VramUnavailable
 
 log = logging.getLogger(__name__)
 
 
-async def read_gpu_entry(backend: Backend, probes: BackendProbes, reservations: LoadReservations) -> GpuEntry | None:
-    """None for a backend with no ``vram`` source."""
+async def read_gpu_entry(
+    backend: Backend, probes: BackendProbes, reservations: LoadReservations, shared: SharedGpu | None = None,
+) -> GpuEntry | None:
+    """None for a backend with no ``vram`` source. ``shared``: a load another replica has in flight on the backend
+    counts as reserved too (shared_gpu.py)."""
     try:
         reading = await probes.vram(backend)
     except VramUnavailable as exc:
@@ -48,8 +52,16 @@ async def read_gpu_entry(backend: Backend, probes: BackendProbes, reservations: 
     elif backend.runtime.serves_one_model:  # what it holds is its one model, sized from /props
         resident, problem = await _llama_server_resident(backend, probes)
         residents = [] if resident is None else [resident]
-    return GpuEntry(build_budget(backend.name, reading, residents, reservations.reserved_bytes(backend.name)),
-                    problem)
+    reserved_bytes = reservations.reserved_bytes(backend.name)
+    if shared is not None:
+        try:
+            elsewhere = await shared.in_flight(backend.name)
+        except GpuLedgerUnreachable as exc:
+            elsewhere = None
+            problem = "; ".join(filter(None, (problem, f"loads in flight on other replicas unknown (Redis: {exc})")))
+        if elsewhere is not None:
+            reserved_bytes += elsewhere.load_bytes
+    return GpuEntry(build_budget(backend.name, reading, residents, reserved_bytes), problem)
 
 
 async def _llama_server_resident(

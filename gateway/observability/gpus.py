@@ -18,14 +18,16 @@ from gateway.backends.probes import BackendProbes
 from gateway.loads.gate import LoadCounts
 from gateway.loads.gpu_ledger import GpuBoard, GpuBudget, GpuEntry, LoadReservations
 from gateway.loads.gpu_reading import read_gpu_entry
+from gateway.loads.shared_gpu import SharedGpu
 from gateway.support.safe_text import safe_text
 
 
 async def refresh_gpus(
-    registry: BackendRegistry, probes: BackendProbes, reservations: LoadReservations, board: GpuBoard
+    registry: BackendRegistry, probes: BackendProbes, reservations: LoadReservations, board: GpuBoard,
+    shared: SharedGpu | None = None,
 ) -> None:
     backends = registry.backends
-    entries = await asyncio.gather(*(read_gpu_entry(b, probes, reservations) for b in backends))
+    entries = await asyncio.gather(*(read_gpu_entry(b, probes, reservations, shared) for b in backends))
     for backend, entry in zip(backends, entries, strict=True):
         if entry is not None:
             board.put(backend.name, entry)

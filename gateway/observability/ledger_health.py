@@ -9,11 +9,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.admission.shared.shared_pools import SharedPools
+from gateway.loads.shared_gpu import SharedGpu
 
 
 class SharedLedgerCollector(Collector):
-    def __init__(self, shared: SharedPools) -> None:
+    def __init__(self, shared: SharedPools, gpu: SharedGpu | None = None) -> None:
         self._shared = shared
+        self._gpu = gpu
 
     def collect(self) -> Iterator[Metric]:
         shared = self._shared
@@ -35,11 +37,13 @@ class SharedLedgerCollector(Collector):
              "that were added back, capacity-checked", shared.readded_total),
             ("kvgate_shared_ledger_fenced", "Requests this replica ended because their leases could not be kept "
              "(not renewed in time, or no room to add them back)", shared.fences.fenced_total),
+            ("kvgate_shared_ledger_gpu_lease_waits", "Load decisions (or reads of what is loaded) that waited for "
+             "another replica's lease on the backend's GPU", 0 if self._gpu is None else self._gpu.waits_total),
         ):
             yield CounterMetricFamily(name, doc, value=value)
 
 
-def shared_status(shared: SharedPools | None) -> dict[str, Any]:
+def shared_status(shared: SharedPools | None, gpu: SharedGpu | None = None) -> dict[str, Any]:
     """The ``shared_ledger`` part of ``/kvgate/status`` (never the Redis URL: it may hold a password)."""
     if shared is None:
         return {"enabled": False}
@@ -51,4 +55,5 @@ def shared_status(shared: SharedPools | None) -> dict[str, Any]:
         "lost_races": shared.lost_races_total, "turns_kept": shared.turns_kept_total,
         "wakeups": shared.wakeups_total, "expired_leases": shared.expired_total,
         "fenced": shared.fences.fenced_total, "fence_margin_s": config.fence_margin_s,
+        "gpu_lease_waits": 0 if gpu is None else gpu.waits_total,
     }

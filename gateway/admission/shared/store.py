@@ -172,6 +172,11 @@ class SharedStore:
         self._rate_settle = client.register_script(scripts.RATE_SETTLE)
 
     @property
+    def client(self) -> aioredis.Redis:
+        """The Redis client and its pool, for the other Redis users of this replica (the GPU leases, shared_gpu)."""
+        return self._redis
+
+    @property
     def channel(self) -> str:
         """Where the scripts announce every change of a pool (``announcement`` reads the message)."""
         return f"{self._prefix}:freed"
