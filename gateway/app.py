@@ -164,9 +164,11 @@ def create_app(
         step = AdmissionStep(admitter, pools, registry, app[PROMPT_COUNTER], TenantRates(shared), loads)
         app[PROXY] = Proxy(live, registry, step, metrics, internal=app[INTERNAL])
         sharing = asyncio.create_task(shared.run(room.waiting_keys, room.redispatch)) if shared else None
+        following = asyncio.create_task(loads.follow_other_replicas()) if shared_gpu else None
         refresher = asyncio.create_task(registry.run_refresh_loop()) if refresh_models else None
         gpu_refresher = asyncio.create_task(_refresh_gpus_forever(app)) if refresh_models else None
         yield
+        await stop(following)
         if sharing is not None and shared is not None:
             await stop(sharing)  # cancelled again until it ends: Python 3.11 may lose one (gateway/support/tasks.py)
             await shared.close()

@@ -113,7 +113,8 @@ class PoolDirectory:
         self._lowered: dict[PoolId, Lowered] = {}
         self._offloaded = Offloads()
         if loads is not None:
-            loads.on_unload = lambda backend, model: self._stale.add((backend, model))
+            loads.on_change = lambda backend, model: self._stale.add((backend, model))
+            loads.on_changes_missed = lambda: self._stale.update(self._cache)
         self._clock = clock
         self._sleep = sleep
         self._cache: dict[PoolId, tuple[float, PoolSpec]] = {}

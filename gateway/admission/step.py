@@ -243,8 +243,11 @@ class AdmissionStep:
         lands in the middle of kvgate's own decision and load; the model's layout is read anew after it."""
         backend = exchange.backend
         assert backend is not None, "routing chose the backend before admission"
+        lock = None if self.loads is None else self.loads.lock(backend)
         try:
-            async with self.loads.lock(backend) if self.loads is not None else contextlib.nullcontext():
+            async with lock if lock is not None else contextlib.nullcontext():
+                if lock is not None and lock.held is not None and exchange.parsed.model:
+                    lock.held.unloaded(exchange.parsed.model)  # the other replicas read its pool anew after
                 yield
         finally:
             self.model_may_have_reloaded(backend, exchange.parsed.model)

@@ -174,10 +174,24 @@ class LoadGate:
         """The sequences a model will be loaded with (the pool directory's: configured, else as inferred)."""
         self.cpu_offload = CpuOffload()
         """Whether each backend loads a model partly on the CPU, as kvgate learned it."""
-        self.on_unload: Callable[[str, str], None] = lambda backend, model: None
-        """Called (backend, model) just before kvgate unloads a model: its pool is read anew by the next request."""
+        self.on_change: Callable[[str, str], None] = lambda backend, model: None
+        """Called (backend, model) when a model's residency changes: just before kvgate unloads it, or when another
+        replica announces it loaded or unloaded it (shared_gpu.py). Its pool is read anew by the next request."""
+        self.on_changes_missed: Callable[[], None] = lambda: None
+        """Called when another replica's changes may have been missed (the announcements were lost a while): every
+        pool is read anew."""
         self.counts: dict[str, LoadCounts] = {}
         """Per backend: what kvgate loaded, unloaded, lowered, made wait and refused."""
+
+    async def follow_other_replicas(self) -> None:
+        """Until cancelled (with a shared GPU ledger; at once without): hear what the other replicas load and unload,
+        and have those models' pools read anew (``on_change``)."""
+        if self.shared_gpu is not None:
+            await self.shared_gpu.follow(self._changed_elsewhere, lambda: self.on_changes_missed())
+
+    def _changed_elsewhere(self, backend: str, models: tuple[str, ...]) -> None:
+        for model in models:
+            self.on_change(backend, model)
 
     async def aclose(self) -> None:
         """End a shared preview read still in flight (at shutdown)."""
@@ -464,7 +478,10 @@ class LoadGate:
             self._reservations.release(reservation)
 
     async def _unload(self, backend: Backend, name: str) -> None:
-        self.on_unload(backend.name, name)
+        self.on_change(backend.name, name)
+        held = self.lock(backend).held
+        if held is not None:  # the other replicas read its pool anew once the lease is given back
+            held.unloaded(name)
         await self._probes.unload_model(backend, name)
         self._count(backend).unloads += 1
         self._loaded_at.pop((backend.name, canonical_model(name)), None)

@@ -27,6 +27,12 @@ alone, and each unload the other's freshly loaded model (measured: 3 replicas, 3
   whether it is in use, so a model another replica runs requests on is never unloaded as idle.
 - **A replica that dies mid-load** stops renewing: its lease, the in-flight bytes with it, expires within
   ``lease_ttl_s`` and the next replica decides with a fresh GPU reading (which by then shows what the load took).
+- **Every other replica hears of a change**: the models a holder loaded or unloaded are announced on
+  ``{prefix}:gpu:changed`` as it gives the lease back (in the same script); each replica follows the channel
+  (``follow``) and reads those models' pools anew, so a request there never runs on a layout that is gone (the
+  backend would load the model again past every check: measured, 2 replicas taking turns on two models that don't
+  fit together, Ollama's scheduler evicted 6 times without the announcements, 0 with them). A replica that lost the
+  channel for a while reads every pool anew once it is back.
 - **Redis unreachable**: ``hold`` raises ``GpuLedgerUnreachable``; the gate answers as ``shared_ledger.on_unreachable``
   says (``refuse``: 503 ``ledger_unavailable``; ``local_share``: this replica decides alone, with a WARNING, so two
   replicas may again decide at once until Redis is back).
@@ -41,9 +47,11 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -53,6 +61,10 @@ log = logging.getLogger(__name__)
 
 LEASE_POLL_S = 0.05
 """How often a replica waiting for another's lease asks again (loads are rare; a wait lasts one load)."""
+FOLLOW_WAIT_S = 1.0
+"""How long one read of the announcements waits (the loop then reads again)."""
+FOLLOW_RETRY_S = 1.0
+"""How long after losing the announcements a replica subscribes again."""
 LOADED_KEPT_S = 3600.0
 """How long a load is remembered in Redis (older entries are dropped as the lease is taken)."""
 
@@ -109,10 +121,16 @@ if ARGV[2] ~= '' then
   redis.call('HSET', KEYS[2], ARGV[2], (t[1] * 1000 + math.floor(t[2] / 1000)) .. '|' .. ARGV[4])
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
+if #ARGV > 6 then
+  local models = {}
+  for i = 7, #ARGV do table.insert(models, ARGV[i]) end
+  redis.call('PUBLISH', ARGV[5], cjson.encode({backend = ARGV[6], replica = ARGV[4], models = models}))
+end
 if mine then return 1 end
 return 0
 """
-"""Give the lease back (only its holder can); with a model named, remember that this replica loaded it now."""
+"""Give the lease back (only its holder can); with a model named, remember that this replica loaded it now; with
+models changed (loaded or unloaded under the lease), announce them to the other replicas."""
 
 _PEEK = """
 return {redis.call('HGET', KEYS[1], 'holder') or '', redis.call('HGET', KEYS[1], 'model') or '',
@@ -153,6 +171,7 @@ class Held:
         self.lost = False
         """A renewal found the lease gone (expired while this replica could not renew it, or Redis restarted)."""
         self._loaded = ""
+        self._changed: dict[str, None] = {}
         self._renewal: asyncio.Future[None] | None = asyncio.ensure_future(self._renew_until_released())
 
     def __repr__(self) -> str:
@@ -166,8 +185,13 @@ class Held:
             self._lose("writing the load in flight")
 
     def loaded(self, model: str) -> None:
-        """``model`` loaded under this lease: remembered in Redis as the lease is given back."""
+        """``model`` loaded under this lease: remembered in Redis, and announced, as the lease is given back."""
         self._loaded = model
+        self._changed[model] = None
+
+    def unloaded(self, model: str) -> None:
+        """``model`` unloaded (or asked to be) under this lease: announced as the lease is given back."""
+        self._changed[model] = None
 
     async def release(self) -> None:
         """Give the lease back (once; later calls do nothing); a failure to reach Redis is logged, and the lease then
@@ -180,7 +204,8 @@ class Held:
             await renewal
         try:
             await self._gpu._run(self._gpu._release, self.backend,
-                                 [self.token, self._loaded, _ms(LOADED_KEPT_S), self._gpu.replica])
+                                 [self.token, self._loaded, _ms(LOADED_KEPT_S), self._gpu.replica,
+                                  self._gpu.channel, self.backend, *self._changed])
         except GpuLedgerUnreachable as exc:
             log.warning("shared GPU ledger: could not give back the lease on backend '%s' (%s); it expires within "
                         "%g s", self.backend, exc, self._gpu.ttl_s)
@@ -231,6 +256,39 @@ class SharedGpu:
     def __repr__(self) -> str:  # the client's URL may carry a password: never shown
         return f"SharedGpu(prefix={self._prefix!r}, replica={self.replica!r})"
 
+    @property
+    def channel(self) -> str:
+        """Where the models a holder loaded or unloaded are announced (``follow`` hears them)."""
+        return f"{self._prefix}:gpu:changed"
+
+    async def follow(self, changed: Callable[[str, tuple[str, ...]], None], missed: Callable[[], None]) -> None:
+        """Until cancelled: call ``changed(backend, models)`` for every change another replica announces; after the
+        channel was lost (Redis away), ``missed()`` once it is heard again (what changed meanwhile is unknown)."""
+        lost = False
+        while True:
+            listener = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await listener.subscribe(self.channel)
+                if lost:
+                    lost = False
+                    log.info("shared GPU ledger: hearing the other replicas' model loads again")
+                    missed()
+                while True:
+                    message = await listener.get_message(ignore_subscribe_messages=True, timeout=FOLLOW_WAIT_S)
+                    if message is not None:
+                        heard = _change(message.get("data"), skip_replica=self.replica)
+                        if heard is not None:
+                            changed(*heard)
+            except (RedisError, OSError) as exc:
+                if not lost:
+                    lost = True
+                    log.warning("shared GPU ledger: can't hear the other replicas' model loads (%s); every pool is "
+                                "read anew once Redis answers", exc or type(exc).__name__)
+                await asyncio.sleep(FOLLOW_RETRY_S)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await listener.aclose()  # type: ignore[no-untyped-call]
+
     def _keys(self, backend: str) -> list[str]:
         lease = f"{self._prefix}:gpu:{len(backend)}:{backend}"  # length-prefixed: no two backends' names collide
         return [lease, f"{lease}:loaded"]
@@ -272,6 +330,20 @@ class SharedGpu:
             except (RedisError, OSError) as exc:
                 raise GpuLedgerUnreachable(str(exc) or type(exc).__name__) from exc
         raise AssertionError("unreachable")
+
+
+def _change(data: Any, *, skip_replica: str) -> tuple[str, tuple[str, ...]] | None:
+    """(backend, models) of an announcement; None for this replica's own, or anything malformed (logged)."""
+    try:
+        body = orjson.loads(data)
+        backend, replica, models = body["backend"], body["replica"], body["models"]
+        if not (isinstance(backend, str) and isinstance(replica, str) and isinstance(models, list)
+                and all(isinstance(model, str) for model in models)):
+            raise TypeError("fields of the wrong type")
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        log.warning("shared GPU ledger: ignored a malformed announcement on the channel (%s)", exc)
+        return None
+    return None if replica == skip_replica else (backend, tuple(models))
 
 
 def _ms(seconds: float) -> int:

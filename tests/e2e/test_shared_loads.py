@@ -112,3 +112,31 @@ async def test_a_model_another_replica_runs_requests_on_is_not_unloaded_as_idle(
     assert (answered[0], asked[0]) == (200, 200), (answered[2], asked[2])
     assert b_loads["waited"] >= 1 and b_loads["unloads"] == 1 and b_loads["loads"] == 1
     assert (sim_stats["evictions"], sim_stats["load_failures"]) == (0, 0)
+
+
+async def test_a_model_one_replica_unloads_is_read_anew_by_the_others_so_none_runs_on_a_layout_that_is_gone(
+    redis_server: RunningRedis,
+) -> None:
+    """Two replicas take turns on two models that don't fit together: a on qwen2.5:32b, b on gemma3:27b, a on qwen
+    again... Each load unloads the other's model; the unloading replica announces it, so the other reads its pool
+    anew and loads through the gate (unloading in turn), instead of sending a request for a model that is gone,
+    which Ollama would load on its own, evicting past every check."""
+    client = aioredis.Redis.from_url(redis_server.url)
+    await client.flushall()
+    await client.aclose()
+    overrides: dict[str, Any] = {"residency": {"min_resident_s": 0.0, "load_wait_s": 30.0},
+                                 "shared_ledger": {"redis_url": redis_server.url, "lease_ttl_s": 1.0,
+                                                   "fence_margin_s": 0.3}}
+    async with simulator(time_scale=5.0) as sim, \
+            running_gateway([backend_for(sim)], **overrides) as a, \
+            running_gateway([backend_for(sim)], **overrides) as b:
+        statuses = []
+        for turn in range(6):
+            url, model = (a, "qwen2.5:32b") if turn % 2 == 0 else (b, "gemma3:27b")
+            statuses.append((await chat(url, model, options={"num_predict": 16}))[0])
+        sim_stats = await stats(sim)
+    print(f"\n  6 turns on 2 replicas: {statuses}; simulator: loads {sim_stats['loads']}, unloads "
+          f"{sim_stats['unloads']}, evictions by Ollama {sim_stats['evictions']}")
+    assert statuses == [200] * 6
+    assert (sim_stats["evictions"], sim_stats["load_failures"]) == (0, 0), sim_stats
+    assert sim_stats["loads"] == 6  # one per turn: each model loaded by kvgate, never by Ollama on its own

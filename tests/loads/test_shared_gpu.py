@@ -141,3 +141,39 @@ async def test_the_local_lock_queues_a_replicas_own_tasks_before_redis(replicas:
     await asyncio.gather(decide("first"), decide("second"))
     assert order == ["first in", "first out", "second in", "second out"]
     assert a.waits_total == 0  # the second never found the lease held in Redis: it queued in process
+
+
+async def test_changes_are_announced_to_the_other_replicas_and_a_lost_channel_reads_everything_anew(
+    replicas: list[SharedGpu], redis_server: RunningRedis,
+) -> None:
+    a, b = replicas
+    heard: list[tuple[str, tuple[str, ...]]] = []
+    missed: list[bool] = []
+    following = asyncio.ensure_future(b.follow(lambda backend, models: heard.append((backend, models)),
+                                               lambda: missed.append(True)))
+    client = aioredis.Redis.from_url(redis_server.url)
+
+    async def b_listens() -> bool:
+        return bool((await client.pubsub_numsub(b.channel))[0][1])
+
+    await until(b_listens)
+    for hostile in (b"not json", b'{"backend": 1, "replica": "a", "models": []}', b'{"models": ["x"]}',
+                    b'{"backend": "gpu-host", "replica": "a", "models": [1]}'):
+        await client.publish(b.channel, hostile)  # ignored (and logged), never a crash of the listener
+    mine = await b.hold("gpu-host")
+    mine.unloaded("llama3.1:8b")
+    await mine.release()  # b's own announcement: not news to b
+    held = await a.hold("gpu-host")
+    held.unloaded("gemma3:27b")
+    held.loaded("qwen2.5:32b")
+    await held.release()
+    quiet = await a.hold("gpu-host")
+    await quiet.release()  # nothing changed: nothing announced
+    await until(lambda: heard)
+    await client.client_kill_filter(_type="pubsub")  # the channel is lost a while
+    await until(lambda: missed, timeout_s=3 * 1.0 + 2)  # FOLLOW_RETRY_S later, subscribed again
+    following.cancel()
+    await asyncio.gather(following, return_exceptions=True)
+    await client.aclose()
+    assert heard == [("gpu-host", ("gemma3:27b", "qwen2.5:32b"))]
+    assert missed == [True]
