@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -86,11 +90,11 @@ async def test_a_model_another_replica_runs_requests_on_is_not_unloaded_as_idle(
     answer to end (rather than unloading the model under it), then unloads gemma and loads qwen."""
     client = aioredis.Redis.from_url(redis_server.url)
     await client.flushall()
-    ttl_s = 1.0
+    ttl_s = 1.5
     overrides: dict[str, Any] = {"residency": {"min_resident_s": 0.0, "load_wait_s": 30.0},
                                  "shared_ledger": {"redis_url": redis_server.url, "lease_ttl_s": ttl_s,
-                                                   "fence_margin_s": 0.3, "poll_s": 0.02}}
-    long_answer = {"min_response_tokens": 180, "max_response_tokens": 180, "gen_tokens_per_s": 60.0}
+                                                   "fence_margin_s": 0.4, "poll_s": 0.02}}
+    long_answer = {"min_response_tokens": 240, "max_response_tokens": 240, "gen_tokens_per_s": 60.0}  # 4 s
     async with simulator(time_scale=1.0, **long_answer) as sim, \
             running_gateway([backend_for(sim)], **overrides) as a, \
             running_gateway([backend_for(sim)], **overrides) as b:
@@ -125,8 +129,8 @@ async def test_a_model_one_replica_unloads_is_read_anew_by_the_others_so_none_ru
     await client.flushall()
     await client.aclose()
     overrides: dict[str, Any] = {"residency": {"min_resident_s": 0.0, "load_wait_s": 30.0},
-                                 "shared_ledger": {"redis_url": redis_server.url, "lease_ttl_s": 1.0,
-                                                   "fence_margin_s": 0.3}}
+                                 "shared_ledger": {"redis_url": redis_server.url, "lease_ttl_s": 2.0,
+                                                   "fence_margin_s": 0.5}}
     async with simulator(time_scale=5.0) as sim, \
             running_gateway([backend_for(sim)], **overrides) as a, \
             running_gateway([backend_for(sim)], **overrides) as b:
@@ -140,3 +144,73 @@ async def test_a_model_one_replica_unloads_is_read_anew_by_the_others_so_none_ru
     assert statuses == [200] * 6
     assert (sim_stats["evictions"], sim_stats["load_failures"]) == (0, 0), sim_stats
     assert sim_stats["loads"] == 6  # one per turn: each model loaded by kvgate, never by Ollama on its own
+
+
+async def test_a_replica_killed_mid_load_holds_no_other_replica_past_its_lease(
+    redis_server: RunningRedis, tmp_path: Path,
+) -> None:
+    """A real ``kvgate serve`` replica is loading gemma3:27b (the simulated load takes 3 s) when it gets SIGKILL:
+    its lease, and the load's bytes on it, expire within ``lease_ttl_s`` (the backend aborts the load whose client
+    went away); the other replica, asked for qwen2.5:32b meanwhile, waits for the lease, then decides with a fresh
+    reading and loads: no load fails, nothing is evicted past the check."""
+    from kvsim.gpu.exporter import EXPORTER_PATH
+
+    client = aioredis.Redis.from_url(redis_server.url)
+    await client.flushall()
+    ttl_s = 2.0  # with a margin for a loaded machine: a pool lease not renewed for 1.5 s is fenced
+    async with simulator(time_scale=1.0, load_s=3.0) as sim, \
+            running_gateway([backend_for(sim)], residency={"min_resident_s": 0.0, "load_wait_s": 30.0},
+                            shared_ledger={"redis_url": redis_server.url, "lease_ttl_s": ttl_s,
+                                           "fence_margin_s": 0.5}) as survivor:
+        config = tmp_path / "replica.toml"
+        config.write_text(f'[shared_ledger]\nredis_url = "{redis_server.url}"\nlease_ttl_s = {ttl_s}\n'
+                          f'fence_margin_s = 0.5\n\n[[backends]]\nname = "sim"\nurl = "{sim}"\n'
+                          f'vram = "{sim}{EXPORTER_PATH}"\nvram_refresh_s = 0.01\nparallel = 1\n')
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway", "serve", "--port", "0", "--config", str(config),
+            stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"})
+        try:
+            doomed_url = await _listening(process)
+            doomed = asyncio.ensure_future(chat(doomed_url, "gemma3:27b"))
+            lease = f"kvgate:gpu:{len('sim')}:sim"
+
+            async def its_load_is_in_flight() -> bool:
+                return await client.hget(lease, "model") is not None
+
+            await until(its_load_is_in_flight, timeout_s=20)
+            holder = await client.hget(lease, "holder")
+            process.kill()  # SIGKILL mid-load: no release, no renewal
+            await process.wait()
+            killed_s = time.monotonic()
+            asked = asyncio.ensure_future(chat(survivor, "qwen2.5:32b"))
+
+            async def the_dead_replicas_lease_is_gone() -> bool:
+                return await client.hget(lease, "holder") != holder
+
+            await until(the_dead_replicas_lease_is_gone, timeout_s=3 * ttl_s, interval_s=0.02)
+            expired_after_s = time.monotonic() - killed_s
+            status, _, body = await asked
+            answered_after_s = time.monotonic() - killed_s
+            await asyncio.gather(doomed, return_exceptions=True)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        sim_stats = await stats(sim)
+    await client.aclose()
+    print(f"\n  SIGKILL mid-load: its lease gone {expired_after_s:.2f} s later (lease_ttl_s {ttl_s:g}); the other "
+          f"replica answered {status} {answered_after_s:.2f} s after the kill; simulator: loads {sim_stats['loads']}, "
+          f"evictions {sim_stats['evictions']}, load failures {sim_stats['load_failures']}")
+    assert status == 200, body
+    assert (sim_stats["evictions"], sim_stats["load_failures"], sim_stats["runtime_ooms"]) == (0, 0, 0), sim_stats
+    assert answered_after_s < 3 * ttl_s + 2 * 3.0 + 4.0  # the expiry, the dead one's load ending, its own load
+
+
+async def _listening(process: asyncio.subprocess.Process) -> str:
+    assert process.stderr is not None
+    while True:
+        line = (await asyncio.wait_for(process.stderr.readline(), timeout=20)).decode()
+        assert line, "kvgate serve exited before listening"
+        match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        if match:
+            return match.group(1)
