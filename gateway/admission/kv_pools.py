@@ -236,7 +236,7 @@ class PoolDirectory:
         settings = backend.settings
         gated = self._loads is not None and self._loads.applies(backend)
         if self._loads is not None and gated:
-            async with self._loads.lock(backend):  # never read in the middle of kvgate's own unload
+            async with self._loads.lock(backend).local:  # never read in the middle of kvgate's own unload
                 entry = await self._probes.loaded_model(backend, model, join_running=False)
                 if entry is not None:
                     self._loads.expect(backend.name, model)

@@ -1,7 +1,8 @@
 """The lock a backend's residency is decided under: this replica's, and with a shared ledger every replica's.
 
-``LoadGate`` decides, unloads and loads on a backend under it, the pool directory reads what is loaded under it (never
-in the middle of an unload), and an unload a client asked for is forwarded under it. In process it is an
+``LoadGate`` decides, unloads and loads on a backend under it, and an unload a client asked for is forwarded under
+it; the pool directory reads what is loaded under its local part (``local``: never in the middle of this replica's
+unload). In process it is an
 ``asyncio.Lock``; with ``[shared_ledger]`` the holder also holds the backend's lease in Redis (``shared_gpu``), taken
 after the local lock, so a replica's own requests queue in process and only one of them waits on Redis.
 
@@ -40,6 +41,13 @@ class BackendLock:
 
     def locked(self) -> bool:
         return self._local.locked()
+
+    @property
+    def local(self) -> asyncio.Lock:
+        """This replica's part alone: enough for a read of what is loaded (never in the middle of this replica's
+        own unload); another replica's unload is announced, and the models it names are read anew (shared_gpu.py),
+        so a read never waits on Redis, nor on a load another replica has in flight."""
+        return self._local
 
     async def __aenter__(self) -> BackendLock:
         await self._local.acquire()

@@ -252,7 +252,7 @@ class LoadGate:
         ``load`` did, None when it was resident or no gate applies."""
         if not self.applies(backend):
             return None
-        async with self.lock(backend):  # never read in the middle of kvgate's own unload
+        async with self.lock(backend).local:  # never read in the middle of kvgate's own unload
             if await self._probes.loaded_model(backend, model, join_running=False) is not None:
                 self.expect(backend.name, model)
                 return None

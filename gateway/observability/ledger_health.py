@@ -37,8 +37,8 @@ class SharedLedgerCollector(Collector):
              "that were added back, capacity-checked", shared.readded_total),
             ("kvgate_shared_ledger_fenced", "Requests this replica ended because their leases could not be kept "
              "(not renewed in time, or no room to add them back)", shared.fences.fenced_total),
-            ("kvgate_shared_ledger_gpu_lease_waits", "Load decisions (or reads of what is loaded) that waited for "
-             "another replica's lease on the backend's GPU", 0 if self._gpu is None else self._gpu.waits_total),
+            ("kvgate_shared_ledger_gpu_lease_waits", "Load decisions (and unloads a client asked for) that waited "
+             "for another replica's lease on the backend's GPU", 0 if self._gpu is None else self._gpu.waits_total),
         ):
             yield CounterMetricFamily(name, doc, value=value)
 
