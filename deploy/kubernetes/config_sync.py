@@ -29,6 +29,7 @@ import argparse
 import math
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -37,6 +38,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 ADMIN_KEY_VARIABLE = "KVGATE_SERVER__ADMIN_KEY"
@@ -229,8 +231,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not admin_key.strip():
         _log(f"{ADMIN_KEY_VARIABLE} is not set: POST /kvgate/reload needs the admin key")
         return 2
+    # The container's PID 1: a signal without a handler would be ignored, and the pod would wait out its grace period
+    signal.signal(signal.SIGTERM, _stop)
     watch(args, admin_key)
     return 0
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import socket
+import subprocess
+import sys
 import tomllib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -210,3 +213,21 @@ def test_the_kubernetes_configuration_merges_with_the_example_tenants() -> None:
     assert merged["tenants"]["ci"] == {"max_prompt_tokens": 8192, "max_active": 2,
                                        "api_keys": ["example-ci-key-replace-with-openssl-rand-hex-24"]}
     assert merged["backends"][1]["url"] == "http://gpu-b.internal:8080"
+
+
+def test_the_sidecar_stops_on_sigterm(tmp_path: Path) -> None:
+    """As a container's PID 1 a signal it has no handler for is ignored, and the pod would wait out its whole grace
+    period: the watcher ends on SIGTERM itself (exit 0, where the default action would report -15)."""
+    pod = _pod(tmp_path, "http://127.0.0.1:9")
+    command = [sys.executable, str(KUBERNETES / "config_sync.py"), "watch", "--config", str(pod.args.config),
+               "--tenants", str(pod.args.tenants), "--output", str(pod.args.output), "--interval-s", "30",
+               "--reload-url", f"http://127.0.0.1:{_closed_port()}/kvgate/reload"]
+    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "KVGATE_SERVER__ADMIN_KEY": ADMIN}) as process:
+        try:
+            assert process.stderr is not None
+            assert "wrote" in process.stderr.readline()  # the handler is in place before the first round
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=10) == 0
+        finally:
+            process.kill()
