@@ -11,15 +11,13 @@ mutation at the end breaks one thing and must be caught."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import importlib.util
-import os
 import re
 import secrets
 import shlex
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,6 +30,7 @@ import yaml
 from gateway import __version__
 from gateway.config.settings import Settings, load_settings
 from tests.deploy.kustomize import Document, Unsupported, render
+from tests.support.container_env import environment, image_environment, unset_by
 
 ROOT = Path(__file__).parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
@@ -273,40 +272,13 @@ def check_workloads(rendered: Rendered) -> list[Row]:
     return rows
 
 
-def image_environment() -> dict[str, str]:
-    """The ``ENV`` the Dockerfile sets: what every kvgate container starts with before its own ``env``."""
-    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
-    environment: dict[str, str] = {}
-    for line in text.splitlines():
-        if line.startswith("ENV "):
-            environment |= dict(word.split("=", 1) for word in shlex.split(line[4:]))
-    return environment
-
-
-@contextlib.contextmanager
-def environment(variables: dict[str, str]) -> Iterator[None]:
-    saved = {name: value for name, value in os.environ.items() if name.startswith("KVGATE_")}
-    for name in saved:
-        del os.environ[name]
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name in variables:
-            os.environ.pop(name, None)
-        os.environ.update(saved)
-
-
 def container_environment(workload: Document, name: str, secret: dict[str, str]) -> dict[str, str]:
     """What the container's process sees: the image's ENV, less what its ``env -u`` removes, plus its env (Secret
     values from ``secret``; an optional key it lacks is no variable)."""
     item = container(workload, name)
-    command = item.get("command", [])
     variables = image_environment()
-    if command[:1] == ["env"]:
-        for index, word in enumerate(command):
-            if word == "-u":
-                variables.pop(command[index + 1], None)
+    for unset in unset_by(item.get("command", [])):
+        variables.pop(unset, None)
     for variable in item.get("env", []):
         if "value" in variable:
             variables[variable["name"]] = variable["value"]
