@@ -4,7 +4,7 @@ kvgate reads one TOML file, at start-up and on a reload (SIGHUP or ``POST /kvgat
 In Kubernetes its settings come from two places: the ConfigMap ``kvgate-config`` (``kvgate.toml``: backends,
 policy, tenants' caps; reviewable, no secrets) and the Secret ``kvgate-secrets`` (``tenants.toml``: the tenants'
 ``api_keys`` or ``api_key_sha256``). The kubelet updates both mounts in place, by swapping a ``..data`` symlink,
-about a minute after they change. This script runs twice in each pod (deploy/kubernetes/deployment.yaml):
+usually within a minute or two of a change. This script runs twice in each pod (deploy/kubernetes/deployment.yaml):
 
     once   the init container: merge the two files into one (:func:`render`), written with an atomic rename into
            the pod's in-memory emptyDir that ``kvgate serve --config`` reads; an error stops the pod from starting
@@ -13,7 +13,8 @@ about a minute after they change. This script runs twice in each pod (deploy/kub
            when the result differs from the file kvgate runs with, replace it and ``POST /kvgate/reload`` with the
            admin key over 127.0.0.1. kvgate validates the new file: a refused one keeps the running settings (and
            fires KvgateConfigReloadRefused). A file that can't be merged is not written: kvgate keeps its settings
-           and this log says why. A reload kvgate could not be reached for (starting, restarting) is retried.
+           and this log says why (once per distinct error). A reload kvgate did not take in (not listening yet,
+           restarting, a 5xx or 429 answer) is sent again next round.
 
 The merge is table by table: a tenant's caps may sit in the ConfigMap and its keys in the Secret. A setting given
 in both files is an error rather than a silent winner, and the tenants file may hold only ``[tenants.*]``. The
@@ -159,9 +160,13 @@ def write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
+RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+"""Answers that say "not now" (kvgate at its connection cap, shutting down), not "this file is wrong"."""
+
+
 def post_reload(url: str, admin_key: str, timeout_s: float) -> bool:
-    """``POST /kvgate/reload``; True once kvgate answered (applied or refused: both are final, and logged here),
-    False when it could not be reached (try again)."""
+    """``POST /kvgate/reload``; True once kvgate answered for the file (applied, or refused: final either way, and
+    logged here), False when it could not be reached or answered "not now" (try again)."""
     if not url.startswith("http://127.0.0.1:"):  # the admin key goes to this pod's kvgate and nowhere else
         raise ValueError(f"--reload-url {url} is not http://127.0.0.1:<port>/...")
     request = urllib.request.Request(url, method="POST", headers={"Authorization": f"Bearer {admin_key}"})  # noqa: S310
@@ -169,7 +174,10 @@ def post_reload(url: str, admin_key: str, timeout_s: float) -> bool:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (http, checked above)
             _log(f"kvgate reloaded: {response.read().decode('utf-8', 'replace')}")
     except urllib.error.HTTPError as exc:
-        _log(f"kvgate refused the reload ({exc.code}): {exc.read().decode('utf-8', 'replace')}")
+        retried = exc.code in RETRIED_STATUSES
+        _log(f"kvgate {'did not take' if retried else 'refused'} the reload ({exc.code}): "
+             f"{exc.read().decode('utf-8', 'replace')}" + ("; retrying" if retried else ""))
+        return not retried
     except (urllib.error.URLError, OSError) as exc:
         _log(f"kvgate not reached at {url} ({exc}); retrying")
         return False
@@ -180,25 +188,27 @@ def _log(message: str) -> None:
     print(f"config-sync: {message}", file=sys.stderr, flush=True)
 
 
-def _once(args: argparse.Namespace) -> bool:
-    """Render and write; True when the file changed. A file that can't be rendered is kept as it was."""
+def _once(args: argparse.Namespace, last_error: str | None) -> tuple[bool, str | None]:
+    """Render and write: whether the file changed, and why it could not be rendered (None: it could). A file that
+    can't be rendered is kept as it was; the reason is logged when it is not the last round's."""
     try:
         text = render(args.config, args.tenants)
     except (MergeError, OSError) as exc:
-        _log(f"not updated, kvgate keeps its settings: {exc}")
-        return False
+        if str(exc) != last_error:
+            _log(f"not updated, kvgate keeps its settings: {exc}")
+        return False, str(exc)
     changed = write_if_changed(args.output, text)
     if changed:
         _log(f"wrote {args.output}")
-    return changed
+    return changed, None
 
 
 def watch(args: argparse.Namespace, admin_key: str, rounds: int | None = None) -> None:
     """Keep ``--output`` in step and reload kvgate on each change (``rounds``: stop after that many, for tests)."""
-    pending = False
-    done = 0
+    pending, error, done = False, None, 0
     while rounds is None or done < rounds:
-        pending = _once(args) or pending
+        changed, error = _once(args, error)
+        pending = changed or pending
         if pending:
             pending = not post_reload(args.reload_url, admin_key, args.timeout_s)
         done += 1

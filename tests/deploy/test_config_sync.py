@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.app import LIVE, create_app, start_server
 from gateway.config.settings import load_settings, sha256_hex
 from tests.deploy.test_kubernetes import KUBERNETES, load_config_sync
-from tests.support.fake_backend import FakeLLM, running
+from tests.support.fake_backend import FakeLLM, running, serve
 
 sync = load_config_sync()
 ADMIN = "admin-key-for-config-sync-tests"
@@ -153,6 +154,35 @@ def test_a_reload_kvgate_did_not_answer_is_sent_again(tmp_path: Path, capsys: py
     sync.watch(pod.args, ADMIN, rounds=2)  # round 1 writes the file; kvgate is not up in either round
     err = capsys.readouterr().err
     assert err.count("wrote ") == 1 and err.count("not reached") == 2
+
+
+async def test_a_not_now_answer_is_retried_and_a_refusal_is_not(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    answers = [503, 200, 400]
+    seen: list[str] = []
+
+    async def reload(request: web.Request) -> web.Response:
+        seen.append(request.headers["Authorization"])
+        return web.json_response({"reloaded": True}, status=answers.pop(0))
+
+    async with serve({("POST", "/kvgate/reload"): reload}) as url:
+        pod = _pod(tmp_path, "http://127.0.0.1:9")
+        pod.args.reload_url = f"{url}/kvgate/reload"
+        await asyncio.to_thread(sync.watch, pod.args, ADMIN, 3)  # written in round 1: 503, then 200, then quiet
+        assert seen == [f"Bearer {ADMIN}"] * 2
+        _mount(pod.config, 2, {"kvgate.toml": CONFIG.format(url="http://127.0.0.1:9", max_active=0)})
+        await asyncio.to_thread(sync.watch, pod.args, ADMIN, 3)  # 400: final, not sent again
+        assert len(seen) == 3
+    err = capsys.readouterr().err
+    assert "did not take the reload (503)" in err and "kvgate reloaded" in err and "refused the reload (400)" in err
+
+
+def test_a_file_that_cant_be_merged_is_logged_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pod = _pod(tmp_path, "http://127.0.0.1:9")
+    pod.args.reload_url = f"http://127.0.0.1:{_closed_port()}/kvgate/reload"
+    _mount(pod.secret, 2, {"tenants.toml": "[server]\nport = 1\n"})
+    sync.watch(pod.args, ADMIN, rounds=3)
+    assert capsys.readouterr().err.count("may hold only [tenants.*] tables") == 1
 
 
 def test_the_admin_key_goes_to_this_pods_kvgate_only() -> None:
