@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from hypothesis import given, settings
@@ -104,6 +105,12 @@ async def test_a_configmap_or_secret_update_reloads_kvgate(kvgate: tuple[Pod, An
     pod, app = kvgate
     live = app[LIVE]
     assert live.settings.tenants["ci"].max_active == 2
+    async with aiohttp.ClientSession() as client:
+        async with client.get(pod.args.reload_url.replace("reload", "health")) as reply:
+            assert reply.status == 200, "the kubelet's probes send no key: require_api_key must not refuse them"
+        bearer = {"Authorization": f"Bearer {ADMIN}"}  # as the ServiceMonitor scrapes
+        async with client.get(pod.args.reload_url.replace("reload", "metrics"), headers=bearer) as reply:
+            assert reply.status == 200 and "kvgate_config_reloads_total" in await reply.text()
     assert live.settings.tenants["ci"].digests() == [sha256_hex("ci-key-1")]
     capsys.readouterr()
 
