@@ -185,9 +185,15 @@ def check_references(rendered: Rendered) -> list[Row]:
     config_maps = {document["metadata"]["name"]: document["data"] for document in rendered.of_kind("ConfigMap")}
     accounts = {document["metadata"]["name"] for document in rendered.of_kind("ServiceAccount")}
 
+    rendered_secrets = {document["metadata"]["name"]: {*document.get("data", {}), *document.get("stringData", {})}
+                        for document in rendered.of_kind("Secret")}
+
     def secret_key(name: str, key: str, is_optional: bool, where: str) -> None:
-        assert name == OPERATOR_SECRET, f"{where}: Secret {name} is neither in the render nor the README's"
-        assert key in (optional if is_optional else made), f"{where}: key {key} is not made by the README's command"
+        if name in rendered_secrets:
+            assert is_optional or key in rendered_secrets[name], f"{where}: Secret {name} has no key {key}"
+        else:
+            assert name == OPERATOR_SECRET, f"{where}: Secret {name} is neither in the render nor the README's"
+            assert key in (optional if is_optional else made), f"{where}: key {key} is not made by the README's command"
         rows.append(("secret key", where, f"{name}[{key}]" + (" (optional)" if is_optional else "")))
 
     for workload in rendered.workloads():
