@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from gateway.config.settings import load_settings
+from tests.support.container_env import environment, image_environment, unset_by
 
 DEPLOY = Path(__file__).parents[2] / "deploy" / "replicas"
 
@@ -45,3 +46,15 @@ def test_the_load_balancer_sends_to_every_replica_and_streams_unbuffered() -> No
     conf = (DEPLOY / "nginx.conf").read_text()
     assert set(re.findall(r"server (kvgate-\d):11435", conf)) == {"kvgate-1", "kvgate-2", "kvgate-3"}
     assert "proxy_buffering off;" in conf and "listen 11435;" in conf
+
+
+def test_every_replica_runs_the_files_backends_under_the_images_environment() -> None:
+    """The image sets KVGATE_BACKEND__URL for docker-compose.yml's Ollama; a replica that kept it would send the
+    first GPU host's requests there (it replaces backends[0].url)."""
+    service = _compose()["services"]["kvgate-1"]
+    variables = {name: value for name, value in image_environment().items()
+                 if name not in unset_by(service.get("entrypoint", []))}
+    variables |= {name: "a-long-random-admin-key" for name in service["environment"]}
+    with environment(variables):
+        settings = load_settings(DEPLOY / "kvgate.toml")
+    assert [backend.url for backend in settings.backends] == ["http://gpu-a.internal:8080", "http://gpu-b.internal:8080"]
