@@ -23,10 +23,13 @@ from gateway.cli import demo as demo_cli
 from gateway.cli import estimate as estimate_cli
 from gateway.cli import hangups, workers
 from gateway.cli.check import command as check_cli
+from gateway.cli.config_watch import watch_files
+from gateway.config.files import ConfigPaths, config_paths
 from gateway.config.reload import Reloader, ReloadRefused
 from gateway.config.reload_guard import refusing_empty_file
 from gateway.config.settings import ConfigError, Settings, load_settings, parse_backend_flag, unknown_environment
 from gateway.observability.logs import configure_logging
+from gateway.support.tasks import stop as stop_task
 
 log = logging.getLogger("gateway")
 
@@ -103,7 +106,9 @@ def check_listen_address(host: str, port: int) -> None:
 
 def _serve_parser(sub: Any) -> None:
     serve = sub.add_parser("serve", help="run the gateway in front of one or more LLM servers")
-    serve.add_argument("--config", type=Path, help="TOML settings file (see config/kvgate.toml)")
+    serve.add_argument("--config", type=Path, action="append",
+                       help="TOML settings file (see config/kvgate.toml); repeatable: the files are merged table by "
+                       "table (backends in one, tenants' keys in another), a setting in two of them is an error")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (default 11435)")
     serve.add_argument("--workers", type=int, help="processes serving on the port (default 1); more than 1 needs "
@@ -151,9 +156,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 async def serve(settings: Settings, source: Callable[[], Settings] | None = None,
-                worker: workers.WorkerRole | None = None) -> None:
-    """Serve until SIGINT or SIGTERM; SIGHUP re-reads the configuration from ``source`` (gateway/config/reload.py).
-    ``worker``: serve as one of ``--workers N`` (gateway/cli/workers.py), on a port shared with the others."""
+                worker: workers.WorkerRole | None = None, config: ConfigPaths = None) -> None:
+    """Serve until SIGINT or SIGTERM; SIGHUP re-reads the configuration from ``source`` (gateway/config/reload.py),
+    and so does a change of a ``config`` file with ``server.watch_config_s`` set (config_watch.py). ``worker``:
+    serve as one of ``--workers N`` (gateway/cli/workers.py), on a port shared with the others."""
     from gateway.api.kvgate import WORKER
     from gateway.app import RELOADER, create_app, start_server
 
@@ -164,10 +170,15 @@ async def serve(settings: Settings, source: Callable[[], Settings] | None = None
         app[WORKER] = worker.index
     reloads: set[asyncio.Task[None]] = set()
 
-    def reload_on_hangup() -> None:
-        task = loop.create_task(_reload_quietly(app[RELOADER]))
+    def reload_on_hangup(trigger: str = "SIGHUP") -> None:
+        task = loop.create_task(_reload_quietly(app[RELOADER], trigger))
         reloads.add(task)
         task.add_done_callback(reloads.discard)
+
+    watching = None
+    if settings.server.watch_config_s > 0 and config_paths(config):  # a changed file reloads as SIGHUP does
+        watching = loop.create_task(watch_files(config_paths(config), settings.server.watch_config_s,
+                                                lambda: reload_on_hangup("a --config file changed")))
 
     # before "listening": a signal sent on seeing that line is honoured
     for sig, handler in ((signal.SIGINT, stop.set), (signal.SIGTERM, stop.set), (signal.SIGHUP, reload_on_hangup)):
@@ -194,15 +205,17 @@ async def serve(settings: Settings, source: Callable[[], Settings] | None = None
         log.info("shutting down")
         if link is not None:
             link.close()
+        await stop_task(watching)
         for task in list(reloads):
             await task  # a reload in progress finishes (or fails) before the app it changes is torn down
         await runner.cleanup()
 
 
-async def _reload_quietly(reloader: Reloader) -> None:
-    """SIGHUP's reload: its outcome is logged by the reloader (INFO, or ERROR naming the setting)."""
+async def _reload_quietly(reloader: Reloader, trigger: str) -> None:
+    """SIGHUP's reload (or a changed file's): its outcome is logged by the reloader (INFO, or ERROR naming the
+    setting)."""
     with contextlib.suppress(ReloadRefused):
-        await reloader.reload("SIGHUP")
+        await reloader.reload(trigger)
 
 
 def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
@@ -238,7 +251,7 @@ def serve_command(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         if worker is None and settings.server.workers > 1:
             return supervise(settings, argv)
         run_event_loop(serve(settings, refusing_empty_file(args.config, functools.partial(settings_from_args, args)),
-                             worker))
+                             worker, args.config))
     except StartupError as exc:
         print(f"kvgate: {exc}", file=sys.stderr)
         return exc.exit_code

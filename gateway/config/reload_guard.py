@@ -20,6 +20,7 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
+from gateway.config.files import ConfigPaths, config_paths
 from gateway.config.settings import ConfigError, Settings
 from gateway.config.tenants import ANONYMOUS_TENANT
 
@@ -64,15 +65,21 @@ def is_empty_toml(text: str) -> bool:
         return False
 
 
-def refusing_empty_file(path: Path | None, source: Callable[[], Settings]) -> Callable[[], Settings]:
-    """``source`` for a reload: it raises ConfigError (``--config``) when the file at ``path`` sets nothing, since
-    a file that empty is a half-written one far more often than an intent to drop every setting."""
+def refusing_empty_file(config: ConfigPaths, source: Callable[[], Settings]) -> Callable[[], Settings]:
+    """``source`` for a reload: it raises ConfigError (``--config``) when one of the files sets nothing, since a
+    file that empty is a half-written one far more often than an intent to drop every setting."""
+    paths = config_paths(config)
 
     def load() -> Settings:
-        if path is not None and path.is_file() and is_empty_toml(path.read_text(encoding="utf-8", errors="replace")):
-            raise ConfigError(f"setting '--config' = '{path}' is invalid: the file is empty (or only whitespace and "
-                              "comments); a reload never applies an empty file (was it being written?); restart "
-                              "kvgate to run on the defaults")
+        for path in paths:
+            if _sets_nothing(path):
+                raise ConfigError(f"setting '--config' = '{path}' is invalid: the file is empty (or only whitespace "
+                                  "and comments); a reload never applies an empty file (was it being written?); "
+                                  "restart kvgate to run on the defaults")
         return source()
 
     return load
+
+
+def _sets_nothing(path: Path) -> bool:
+    return path.is_file() and is_empty_toml(path.read_text(encoding="utf-8", errors="replace"))

@@ -42,6 +42,7 @@ from gateway.config.backends import (
     existing_file,
 )
 from gateway.config.base import Strict, usable_key
+from gateway.config.files import ConfigPaths, config_paths, overlaps
 from gateway.config.fitting import FittingOverrideSettings, FittingSettings
 from gateway.config.residency import ResidencySettings
 from gateway.config.routing import RoutingSettings
@@ -90,6 +91,11 @@ class ServerSettings(Strict):
         "the admin key, turns require_api_key off or lets unknown keys in, is refused (a SECURITY warning) unless "
         "the new file sets this true; a file that sets nothing (only whitespace and comments) is always refused on "
         "reload",
+    )
+    watch_config_s: float = Field(
+        default=0.0, ge=0, le=3600, description="how often kvgate serve reads its --config files (through symlinks) "
+        "and reloads when one changed, as on SIGHUP; 0: never (reload with SIGHUP or POST /kvgate/reload). For a "
+        "mounted Kubernetes ConfigMap or Secret, which the kubelet updates in place",
     )
     max_body_bytes: ByteSize = Field(default=ByteSize(32 * 1024 * 1024), gt=0)
     max_held_body_bytes: ByteSize = Field(
@@ -324,7 +330,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, deep_merge=True))
 
 
 def parse_backend_flag(value: str, index: int) -> dict[str, Any]:
@@ -393,13 +399,20 @@ def unknown_environment(environ: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings:
-    """Build the settings from a TOML file, the environment and explicit overrides (highest priority)."""
-    if config_path is not None and not config_path.is_file():
-        raise ConfigError(f"setting '--config' = '{config_path}' is invalid: no such file")
+def load_settings(config_path: ConfigPaths = None, **overrides: Any) -> Settings:
+    """Build the settings from one or several TOML files (merged table by table, config/files.py), the environment
+    and explicit overrides (highest priority)."""
+    paths = config_paths(config_path)
+    for path in paths:
+        if not path.is_file():
+            raise ConfigError(f"setting '--config' = '{path}' is invalid: no such file")
+    overlap = overlaps(paths) if len(paths) > 1 else None
+    if overlap is not None:
+        raise ConfigError(f"setting '--config' is invalid: {overlap}")
+    shown = ", ".join(f"'{path}'" for path in paths)
 
     class _FromFile(Settings):
-        model_config = SettingsConfigDict(toml_file=config_path)
+        model_config = SettingsConfigDict(toml_file=list(paths) or None)
 
     try:
         return Settings.model_validate(_FromFile(**overrides).model_dump())
@@ -413,4 +426,4 @@ def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings
         raise ConfigError(f"setting '{found.group(1)}' from {variable} is invalid: a table or list in an "
                           f"environment variable must be JSON") from None
     except ValueError as exc:  # TOML syntax errors and the like
-        raise ConfigError(f"setting '--config' = '{config_path}' is invalid: {exc}") from None
+        raise ConfigError(f"setting '--config' = {shown} is invalid: {exc}") from None

@@ -4,22 +4,20 @@ the Prometheus Operator's two custom resources checked by structure (kubernetes-
 the PrometheusRule's groups must equal deploy/prometheus/alerts.yml's), and the documents checked against each
 other and against kvgate itself: selectors select the pods they are meant to and no others, every ConfigMap,
 Secret, key and file referenced exists, the probes reach /kvgate/health on the port kvgate listens on, and the
-ConfigMap's configuration, merged with a tenants file the way the pod's init container does it, loads with
-kvgate's own settings loader under the container's real environment (the image's ENV included) and points the
+ConfigMap's configuration and the Secret's tenants file, the two files kvgate serve reads, load with kvgate's own
+settings loader under the container's real environment (the image's ENV included) and points the
 shared ledger at the Redis Service. ``pytest tests/deploy -s`` prints the matrix. A broken manifest fails: each
 mutation at the end breaks one thing and must be caught."""
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import re
 import secrets
 import shlex
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,7 +26,7 @@ import pytest
 import yaml
 
 from gateway import __version__
-from gateway.config.settings import Settings, load_settings
+from gateway.config.settings import ConfigError, Settings, load_settings
 from tests.deploy.kustomize import Document, Unsupported, render
 from tests.support.container_env import environment, image_environment, unset_by
 
@@ -42,15 +40,6 @@ CUSTOM_KINDS = frozenset({("monitoring.coreos.com/v1", "ServiceMonitor"), ("moni
 OPERATOR_SECRET = "kvgate-secrets"
 """Created by the operator, never committed (README: Kubernetes, the kubectl create secret command)."""
 Row = tuple[str, str, str]
-
-
-def load_config_sync() -> ModuleType:
-    """deploy/kubernetes/config_sync.py, the pod's init container and sidecar (not a package: loaded by path)."""
-    spec = importlib.util.spec_from_file_location("config_sync", KUBERNETES / "config_sync.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class Rendered:
@@ -97,6 +86,11 @@ def selected_workloads(rendered: Rendered, selector: dict[str, str]) -> list[str
 
 def flag(command: list[str], name: str) -> str:
     return command[command.index(name) + 1]
+
+
+def flags(command: list[str], name: str) -> list[str]:
+    """Every value of a repeatable flag, in order."""
+    return [command[index + 1] for index, word in enumerate(command[:-1]) if word == name]
 
 
 # -- the checks: each returns rows of the matrix, and fails on what it finds broken -------------------------------
@@ -223,10 +217,8 @@ def check_references(rendered: Rendered) -> list[Row]:
 
 def check_paths(workload: Document, item: dict[str, Any], config_maps: dict[str, dict[str, str]]) -> list[Row]:
     """Every absolute path a container's command names lies on one of its mounts and exists there: a ConfigMap's
-    key, a Secret's item, or, on an emptyDir, a file the pod's init container writes."""
+    key or a Secret's item."""
     volumes = {volume["name"]: volume for volume in pod_spec(workload)["volumes"]}
-    written = {flag(init["command"], "--output") for init in pod_spec(workload).get("initContainers", [])
-               if "--output" in init.get("command", [])}
     rows = []
     for word in item.get("command", []) + item.get("args", []):
         if not word.startswith("/") or word.startswith("/kvgate/"):
@@ -236,10 +228,9 @@ def check_paths(workload: Document, item: dict[str, Any], config_maps: dict[str,
         volume, file = volumes[mounts[0]["name"]], word[len(mounts[0]["mountPath"]) + 1:]
         if "configMap" in volume:
             assert file in config_maps[volume["configMap"]["name"]], f"{item['name']}: {word} is not in the ConfigMap"
-        elif "secret" in volume:
-            assert file in {entry["path"] for entry in volume["secret"]["items"]}, f"{item['name']}: {word}"
         else:
-            assert "emptyDir" in volume and word in written, f"{item['name']}: nothing writes {word}"
+            assert "secret" in volume, f"{item['name']}: {word} is on neither a ConfigMap nor a Secret"
+            assert file in {entry["path"] for entry in volume["secret"]["items"]}, f"{item['name']}: {word}"
         rows.append(("file", f"{item['name']} {word}", f"volume {mounts[0]['name']}"))
     return rows
 
@@ -294,20 +285,28 @@ def container_environment(workload: Document, name: str, secret: dict[str, str])
 
 
 def running_settings(rendered: Rendered, directory: Path, secret: dict[str, str]) -> Settings:
-    """The settings a kvgate pod runs with: the ConfigMap's kvgate.toml merged with the Secret's tenants.toml as the
-    init container does it (same script, same flags), loaded by kvgate's own loader in the container's
-    environment."""
+    """The settings a kvgate pod runs with: the files its ``--config`` flags name, as its mounts hold them (the
+    ConfigMap's key, the Secret's item from ``secret``), loaded by kvgate's own loader, in that order, in the
+    container's environment."""
     workload = rendered.get("Deployment", "kvgate")
-    init = container(workload, "config")["command"]
-    served = container(workload, "kvgate")["args"]
-    assert served[:1] == ["serve"] and flag(served, "--config") == flag(init, "--output")
-    config, tenants, output = directory / "kvgate.toml", directory / "tenants.toml", directory / "run.toml"
-    config.write_text(rendered.get("ConfigMap", "kvgate-config")["data"][Path(flag(init, "--config")).name])
-    tenants.write_text(secret["tenants.toml"])
-    sync = load_config_sync()
-    assert sync.main(["once", "--config", str(config), "--tenants", str(tenants), "--output", str(output)]) == 0
+    gateway = container(workload, "kvgate")
+    served = gateway["args"]
+    assert served[:1] == ["serve"]
+    volumes = {volume["name"]: volume for volume in pod_spec(workload)["volumes"]}
+    paths = []
+    for index, word in enumerate(flags(served, "--config")):
+        mount = next(mount for mount in gateway["volumeMounts"] if word.startswith(mount["mountPath"] + "/"))
+        volume, name = volumes[mount["name"]], word[len(mount["mountPath"]) + 1:]
+        if "configMap" in volume:
+            text = rendered.get("ConfigMap", volume["configMap"]["name"])["data"][name]
+        else:
+            key = next(item["key"] for item in volume["secret"]["items"] if item["path"] == name)
+            text = secret[key]
+        path = directory / f"{index}-{name}"
+        path.write_text(text)
+        paths.append(path)
     with environment(container_environment(workload, "kvgate", secret)):
-        return load_settings(output)
+        return load_settings(paths)
 
 
 def check_settings(rendered: Rendered, directory: Path) -> list[Row]:
@@ -324,6 +323,8 @@ def check_settings(rendered: Rendered, directory: Path) -> list[Row]:
     own = tomllib.loads(rendered.get("ConfigMap", "kvgate-config")["data"]["kvgate.toml"])
     assert [backend.url for backend in settings.backends] == [backend["url"] for backend in own["backends"]], \
         "the image's KVGATE_BACKEND__URL must not replace the first backend's url"
+    assert settings.server.watch_config_s > 0, \
+        "kvgate must reload a mounted ConfigMap or Secret that changes in place (server.watch_config_s)"
     rows = [("settings", "kvgate-config + tenants.toml", f"load: port {port}, backends "
              + ", ".join(backend.name for backend in settings.backends) + ", tenants with keys "
              + ", ".join(sorted(name for name, tenant in settings.tenants.items() if tenant.digests())))]
@@ -353,7 +354,7 @@ def check_settings(rendered: Rendered, directory: Path) -> list[Row]:
 
 
 def check_endpoints(rendered: Rendered, port: int) -> list[Row]:
-    """The probes, the Service, the ServiceMonitor and the config-sync sidecar all reach kvgate's port."""
+    """The probes, the Service and the ServiceMonitor all reach kvgate's port."""
     workload = rendered.get("Deployment", "kvgate")
     gateway = container(workload, "kvgate")
     ports = {item["name"]: item["containerPort"] for item in gateway["ports"]}
@@ -376,13 +377,6 @@ def check_endpoints(rendered: Rendered, port: int) -> list[Row]:
     assert jobs == {service["metadata"]["name"]} and "jobLabel" not in rendered.get("ServiceMonitor", "kvgate")[
         "spec"], f"the alerts select job {jobs}; the ServiceMonitor's job is the Service's name"
     rows.append(("metrics", "alerts job", f"{service['metadata']['name']} (the Service's name)"))
-    sync = container(workload, "config-sync")
-    reload = urlsplit(flag(sync["command"], "--reload-url"))
-    assert (reload.hostname, reload.port, reload.path) == ("127.0.0.1", port, "/kvgate/reload"), \
-        f"config-sync reloads {reload.geturl()}, not kvgate's port {port} on 127.0.0.1"
-    assert [item["valueFrom"]["secretKeyRef"] for item in sync["env"]
-            if item["name"] == "KVGATE_SERVER__ADMIN_KEY"] == [admin]
-    rows.append(("reload", "config-sync", f"POST {reload.geturl()} with the admin key"))
     return rows
 
 
@@ -410,7 +404,7 @@ def test_the_render_is_valid_and_consistent(tmp_path: Path) -> None:
     rows = check_all(documents, tmp_path)
     print_matrix(rows)
     kinds = sorted(f"{document['kind']}/{document['metadata']['name']}" for document in documents)
-    assert kinds == ["ConfigMap/kvgate-config", "ConfigMap/kvgate-config-sync", "Deployment/kvgate",
+    assert kinds == ["ConfigMap/kvgate-config", "Deployment/kvgate",
                      "Deployment/kvgate-redis", "NetworkPolicy/kvgate-redis", "PodDisruptionBudget/kvgate",
                      "PrometheusRule/kvgate", "Service/kvgate", "Service/kvgate-redis", "ServiceAccount/kvgate",
                      "ServiceMonitor/kvgate"]
@@ -441,8 +435,7 @@ MUTATIONS: dict[str, tuple[Callable[[Rendered], None], str]] = {
                               "livenessProbe"),
     "misspelled field": (lambda r: _gateway(r).__setitem__("readinesProbe", _gateway(r).pop("readinessProbe")),
                          "'readinesProbe' was unexpected"),
-    "sidecar without requests": (lambda r: _gateway(r, "config-sync")["resources"].pop("requests"),
-                                 "kvgate/config-sync: requests"),
+    "kvgate without requests": (lambda r: _gateway(r)["resources"].pop("requests"), "kvgate/kvgate: requests"),
     "monitor on a port the Service lacks": (lambda r: r.get("ServiceMonitor", "kvgate")["spec"]["endpoints"][0]
                                             .__setitem__("port", "metrics"), "ServiceMonitor port"),
     "monitor without the admin key": (lambda r: r.get("ServiceMonitor", "kvgate")["spec"]["endpoints"][0]
@@ -457,10 +450,13 @@ MUTATIONS: dict[str, tuple[Callable[[Rendered], None], str]] = {
     "ledger pointed elsewhere": (lambda r: r.get("ConfigMap", "kvgate-config")["data"].__setitem__(
         "kvgate.toml", r.get("ConfigMap", "kvgate-config")["data"]["kvgate.toml"].replace(
             "redis://kvgate-redis:6379", "redis://redis:6379")), "points at redis, not the Redis Service"),
-    "reload sent to another port": (lambda r: _gateway(r, "config-sync")["command"].__setitem__(
-        -1, "http://127.0.0.1:8080/kvgate/reload"), "config-sync reloads"),
-    "sidecar image drifts": (lambda r: _gateway(r, "config-sync").__setitem__("image", "kvgate:0.0.9"),
-                             "kvgate's containers run"),
+    "no reload on change": (lambda r: r.get("ConfigMap", "kvgate-config")["data"].__setitem__(
+        "kvgate.toml", r.get("ConfigMap", "kvgate-config")["data"]["kvgate.toml"].replace(
+            "watch_config_s = 10.0", "watch_config_s = 0")), "server.watch_config_s"),
+    "the Secret's file not read": (lambda r: _gateway(r).__setitem__("args", _gateway(r)["args"][:3]),
+                                   "no tenant has api_keys"),
+    "the Secret's file on no mount": (lambda r: _gateway(r)["volumeMounts"].pop(1), "is on no mount"),
+    "image drifts": (lambda r: _gateway(r).__setitem__("image", "kvgate:0.0.9"), "kvgate's containers run"),
 }
 
 
@@ -469,7 +465,7 @@ def test_a_broken_manifest_fails(mutation: str, tmp_path: Path) -> None:
     documents = copy.deepcopy(render(KUBERNETES))
     mutate, message = MUTATIONS[mutation]
     mutate(Rendered(documents))
-    with pytest.raises((AssertionError, kubernetes_validate.ValidationError), match=re.escape(message)):
+    with pytest.raises((AssertionError, kubernetes_validate.ValidationError, ConfigError), match=re.escape(message)):
         check_all(documents, tmp_path)
 
 

@@ -24,7 +24,8 @@ from gateway.config.settings import ConfigError, Settings, load_settings, parse_
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, help="kvgate's TOML settings (its backends and their vram source)")
+    parser.add_argument("--config", type=Path, action="append",
+                        help="kvgate's TOML settings (its backends and their vram source); repeatable, as for serve")
     parser.add_argument("--backend", action="append", default=[], metavar="[NAME:]KIND=URL",
                         help="the server to check instead of the config's backends (repeatable)")
     parser.add_argument("--vram", help="VRAM source for every backend: nvml, an exporter URL, or a size (24GiB)")
