@@ -81,6 +81,8 @@ async def test_a_configmap_or_secret_update_is_applied_without_a_restart(
 ) -> None:
     url, backend, config, secret = pod
     assert await _status(url, "ci-key-1") == 200
+    async with aiohttp.ClientSession() as client, client.get(f"{url}/kvgate/health") as health:
+        assert health.status == 200, "the kubelet's probes send no key: require_api_key must not refuse them"
     publish(secret, 2, {"tenants.toml": TENANTS.format(key="ci-key-2")})  # a rotated key
 
     async def the_new_key_is_taken() -> bool:
