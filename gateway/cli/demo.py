@@ -62,8 +62,8 @@ class KvgateInFront:
 
         backend = {"name": "sim", "kind": "ollama", "url": sim_url, "parallel": self._parallel,
                    "vram": sim_url + EXPORTER_PATH, "cpu_offload": self._cpu_offload}  # fmt: skip
-        # The backend is the demo's own simulator: KVGATE_BACKEND__* (the image sets KVGATE_BACKEND__URL) would
-        # point it elsewhere, and every request through kvgate would fail (`kvgate demo` run inside the container).
+        # The backend is the demo's own simulator: KVGATE_BACKEND__* (`docker run -e KVGATE_BACKEND__URL=...`, the
+        # compose files) would point it elsewhere, and `kvgate demo` run in that container would fail every request.
         settings = load_settings(None, backends=[backend], backend=FirstBackendSettings(), **self._overrides)
         app = create_app(settings)
         runner, port = await start_server(app, "127.0.0.1", 0)

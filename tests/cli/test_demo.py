@@ -70,8 +70,8 @@ async def test_demo_three_models_and_a_foreign_process(faster: SimConfig) -> Non
 
 async def test_demo_keeps_its_own_backend_under_the_images_environment(
         faster: SimConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The image sets KVGATE_BACKEND__URL=http://ollama:11434: ``kvgate demo`` run in the container must still put
-    kvgate in front of its own simulator (it once sent every request there, and all 21 failed)."""
+    """A container is pointed at its server with KVGATE_BACKEND__URL (docker-compose.yml): ``kvgate demo`` run in it
+    must still put kvgate in front of its own simulator (it once sent every request there, and all 21 failed)."""
     monkeypatch.setenv("KVGATE_BACKEND__URL", "http://127.0.0.1:9")
     monkeypatch.setenv("KVGATE_BACKEND__PARALLEL", "1")
     table = _table(await _demo("one-model", faster))
