@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import aiohttp
 import ollama
@@ -31,7 +31,7 @@ import pytest
 
 from gateway.config.settings import load_settings
 from tests.support.container_engine import Engine, find_engine
-from tests.support.dockerfile import Copy, DockerfileError, Image, Run, read_image
+from tests.support.dockerfile import Copy, DockerfileError, Image, Run, ignore_patterns, ignored, read_image
 from tests.support.gateway_server import running_gateway
 from tests.support.image_replay import Replayed, replay
 from tests.support.llama_server import free_port
@@ -146,6 +146,15 @@ def test_the_replay_refuses_a_run_command_it_cannot_replay(tmp_path: Path) -> No
 def test_the_replay_refuses_a_copy_of_a_missing_path(tmp_path: Path) -> None:
     (tmp_path / "Dockerfile").write_text("FROM a\nCOPY missing /opt/\n")
     with pytest.raises(DockerfileError, match="COPY missing: no such path"):
+        replay(read_image(tmp_path / "Dockerfile"), tmp_path, tmp_path / "root")
+    assert not (tmp_path / "root").exists()
+
+
+def test_the_replay_refuses_a_copy_of_what_dockerignore_leaves_out(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / ".dockerignore").write_text("# not in the image\ntests\n**/__pycache__\n")
+    (tmp_path / "Dockerfile").write_text("FROM a\nCOPY tests /opt/tests\n")
+    with pytest.raises(DockerfileError, match="leaves it out"):
         replay(read_image(tmp_path / "Dockerfile"), tmp_path, tmp_path / "root")
 
 
@@ -271,3 +280,12 @@ def test_the_replayed_image_is_read_under_its_root(tmp_path: Path) -> None:
     assert env["PATH"].split(":")[0] == str(tmp_path / "usr/local/bin")
     assert replayed.resolve(("/bin/sh", "-c", "true")) == ["/bin/sh", "-c", "true"]
     assert replayed.resolve(("sh", "/etc/kvgate/docker.toml"))[1] == str(tmp_path / "etc/kvgate/docker.toml")
+
+
+@pytest.mark.parametrize(("path", "left_out"), [
+    ("gateway/app.py", False), ("gateway/__pycache__/app.cpython-311.pyc", True), ("kvsim/gpu/__pycache__", True),
+    ("tests", True), ("tests/deploy/test_container.py", True), (".venv/bin/python", True), ("config/docker.toml", False),
+])  # fmt: skip
+def test_dockerignore_is_read_as_the_engines_read_it(path: str, left_out: bool) -> None:
+    """The repository's own .dockerignore: what the replay copies is what the engine's build context holds."""
+    assert ignored(PurePosixPath(path), ignore_patterns(ROOT)) is left_out

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 ENGINES = ("podman", "docker")
 INFO_TIMEOUT_S = 30
-PULL_TIMEOUT_S = 300
+PULL_TIMEOUT_S = 120
 
 
 def _said(done: subprocess.CompletedProcess[str]) -> str:

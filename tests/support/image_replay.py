@@ -73,16 +73,21 @@ class Replayed:
 def replay(image: Image, context: Path, root: Path, *, python: str = sys.executable) -> Replayed:
     """Run the image's steps under ``root`` from the build ``context``; the base image's Python is a fresh virtual
     environment made by ``python``."""
-    for step in image.steps:  # before the slow part: an unknown command fails at once
+    patterns = ignore_patterns(context)
+    for step in image.steps:  # before the slow part: an unknown command or a missing source fails at once
         for command in step.commands if isinstance(step, Run) else ():
             if command[0] not in _COMMANDS:
                 raise DockerfileError(f"RUN {' '.join(command)}: no replayer for {command[0]!r} in "
                                       f"tests/support/image_replay.py; add one (or run the image in an engine)")
+        for source in step.sources if isinstance(step, Copy) else ():
+            if not (context / source).exists():
+                raise DockerfileError(f"COPY {source}: no such path in the build context {context}")
+            if ignored(PurePosixPath(source), patterns):
+                raise DockerfileError(f"COPY {source}: .dockerignore leaves it out of the build context")
     replayed = Replayed(image, root)
     started = time.monotonic()
     subprocess.run([python, "-m", "venv", str(root / "usr" / "local")], check=True, timeout=120)
     replayed.timings_s["venv"] = time.monotonic() - started
-    patterns = ignore_patterns(context)
     for step in image.steps:
         if isinstance(step, Copy):
             _copy(step, context, replayed, patterns)
@@ -95,10 +100,6 @@ def replay(image: Image, context: Path, root: Path, *, python: str = sys.executa
 def _copy(step: Copy, context: Path, replayed: Replayed, patterns: list[re.Pattern[str]]) -> None:
     for source in step.sources:
         path = context / source
-        if not path.exists():
-            raise DockerfileError(f"COPY {source}: no such path in the build context {context}")
-        if ignored(PurePosixPath(source), patterns):
-            raise DockerfileError(f"COPY {source}: .dockerignore leaves it out of the build context")
         if path.is_dir():  # a directory's contents, not the directory itself, as the engines copy
             target = replayed.path(step.dest)
             for found in sorted(path.rglob("*")):
