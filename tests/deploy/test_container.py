@@ -284,7 +284,8 @@ def test_the_replayed_image_is_read_under_its_root(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("path", "left_out"), [
     ("gateway/app.py", False), ("gateway/__pycache__/app.cpython-311.pyc", True), ("kvsim/gpu/__pycache__", True),
-    ("tests", True), ("tests/deploy/test_container.py", True), (".venv/bin/python", True), ("config/docker.toml", False),
+    ("tests", True), ("tests/deploy/test_container.py", True), (".venv/bin/python", True),
+    ("config/docker.toml", False),
 ])  # fmt: skip
 def test_dockerignore_is_read_as_the_engines_read_it(path: str, left_out: bool) -> None:
     """The repository's own .dockerignore: what the replay copies is what the engine's build context holds."""
