@@ -26,13 +26,13 @@ USER kvgate
 # from the host and from other containers. Who may connect is chosen where the port is published (127.0.0.1 in the
 # examples); kvgate warns at start-up while it listens beyond loopback with no keys. Model management (pull,
 # delete, ...) needs the admin key.
-# The backend comes from KVGATE_BACKEND__URL (config/docker.toml names no URL): by default the "ollama" service of
-# docker-compose.yml; never 127.0.0.1, which here is this container. Unreachable, it is a WARNING at start-up
-# naming the URL.
+# The backend is config/docker.toml's, http://ollama:11434 (the "ollama" service of docker-compose.yml), or
+# KVGATE_BACKEND__URL's; never 127.0.0.1, which here is this container. Unreachable, it is a WARNING at start-up
+# naming the URL. Not set here: an image ENV applies to every config the image runs, and KVGATE_BACKEND__URL would
+# replace the first backend of any of them (deploy/replicas/kvgate.toml's gpu-a, once).
 ENV KVGATE_SERVER__HOST=0.0.0.0 \
     KVGATE_SERVER__ADMIN_ONLY_MANAGEMENT=true \
     KVGATE_SERVER__PORT=11435 \
-    KVGATE_BACKEND__URL=http://ollama:11434 \
     KVGATE_COUNTING__CACHE_DIR=/var/cache/kvgate/tokenizers
 # Tokenizers converted from each model's GGUF vocabulary are kept here (one per model digest).
 VOLUME /var/cache/kvgate

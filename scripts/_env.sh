@@ -38,6 +38,9 @@ ensure_llama_server() {
 # between kvgate replicas). One apt-get call installs what is missing when running as root (CI); otherwise it says
 # what is missing, and those tests skip (with CI set, they fail instead).
 SYSTEM_PACKAGES=("chromium:chromium" "redis-server:redis-server")  # command:Debian package
+# Not podman: in CI it installs (20 s) and runs containers (with runc, not crun, on hybrid cgroups), but can't pull
+# the image's base, python:3.12-slim (no route to docker.io), so it could not build the image anyway.
+# tests/deploy/test_container.py says so when it skips, and replays the Dockerfile in a clean venv instead.
 ensure_system_packages() {
     local missing=() entry
     for entry in "${SYSTEM_PACKAGES[@]}"; do

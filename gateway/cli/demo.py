@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 from aiohttp import web
 
 from gateway.app import LOADS, create_app, start_server
-from gateway.config.settings import load_settings
+from gateway.config.settings import FirstBackendSettings, load_settings
 
 if TYPE_CHECKING:
     from kvsim.config import SimConfig
@@ -62,7 +62,10 @@ class KvgateInFront:
 
         backend = {"name": "sim", "kind": "ollama", "url": sim_url, "parallel": self._parallel,
                    "vram": sim_url + EXPORTER_PATH, "cpu_offload": self._cpu_offload}  # fmt: skip
-        app = create_app(load_settings(None, backends=[backend], **self._overrides))
+        # The backend is the demo's own simulator: KVGATE_BACKEND__* (`docker run -e KVGATE_BACKEND__URL=...`, the
+        # compose files) would point it elsewhere, and `kvgate demo` run in that container would fail every request.
+        settings = load_settings(None, backends=[backend], backend=FirstBackendSettings(), **self._overrides)
+        app = create_app(settings)
         runner, port = await start_server(app, "127.0.0.1", 0)
         self._app = app
         try:

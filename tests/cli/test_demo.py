@@ -66,3 +66,13 @@ async def test_demo_three_models_and_a_foreign_process(faster: SimConfig) -> Non
     assert multi["loads by kvgate"][0] == "-" and multi["unloads by kvgate"][0] == "-"
     assert 0 < int(multi["loads by kvgate"][1]) <= int(multi["model switches"][1])  # one load per switch at most
     assert multi["loads (GPU)"][1] == multi["loads by kvgate"][1]  # every load on the GPU went through kvgate
+
+
+async def test_demo_keeps_its_own_backend_under_the_images_environment(
+        faster: SimConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container is pointed at its server with KVGATE_BACKEND__URL (docker-compose.yml): ``kvgate demo`` run in it
+    must still put kvgate in front of its own simulator (it once sent every request there, and all 21 failed)."""
+    monkeypatch.setenv("KVGATE_BACKEND__URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("KVGATE_BACKEND__PARALLEL", "1")
+    table = _table(await _demo("one-model", faster))
+    assert table["completed"][1] == table["requests"][1]

@@ -37,9 +37,11 @@ def test_example_config_documents_every_setting() -> None:
 
 
 def test_docker_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KVGATE_BACKEND__URL", "http://ollama:11434")  # the image sets it (test_container.py)
+    monkeypatch.delenv("KVGATE_BACKEND__URL", raising=False)
     settings = load_settings(EXAMPLE.with_name("docker.toml"))
     assert settings.server.host == "0.0.0.0" and settings.backends[0].url == "http://ollama:11434"
+    monkeypatch.setenv("KVGATE_BACKEND__URL", "http://gpu-host:11434")  # docker run -e ... (tests/deploy)
+    assert load_settings(EXAMPLE.with_name("docker.toml")).backends[0].url == "http://gpu-host:11434"
 
 
 def test_every_toml_block_of_the_readme_loads(tmp_path: Path) -> None:
