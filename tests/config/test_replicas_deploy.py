@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from gateway.config.settings import load_settings
-from tests.support.container_env import environment, image_environment, unset_by
+from tests.support.container_env import environment, image_environment
 
 DEPLOY = Path(__file__).parents[2] / "deploy" / "replicas"
 
@@ -49,11 +49,11 @@ def test_the_load_balancer_sends_to_every_replica_and_streams_unbuffered() -> No
 
 
 def test_every_replica_runs_the_files_backends_under_the_images_environment() -> None:
-    """The image sets KVGATE_BACKEND__URL for docker-compose.yml's Ollama; a replica that kept it would send the
-    first GPU host's requests there (it replaces backends[0].url)."""
+    """The image once set KVGATE_BACKEND__URL (docker-compose.yml's Ollama), and a replica running with it sent the
+    first GPU host's requests there (it replaces backends[0].url): under the image's environment the file's
+    backends stand."""
     service = _compose()["services"]["kvgate-1"]
-    variables = {name: value for name, value in image_environment().items()
-                 if name not in unset_by(service.get("entrypoint", []))}
+    variables = dict(image_environment())
     variables |= {name: "a-long-random-admin-key" for name in service["environment"]}
     with environment(variables):
         settings = load_settings(DEPLOY / "kvgate.toml")

@@ -28,7 +28,7 @@ import yaml
 from gateway import __version__
 from gateway.config.settings import ConfigError, Settings, load_settings
 from tests.deploy.kustomize import Document, Unsupported, render
-from tests.support.container_env import environment, image_environment, unset_by
+from tests.support.container_env import environment, image_environment
 
 ROOT = Path(__file__).parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
@@ -270,12 +270,10 @@ def check_workloads(rendered: Rendered) -> list[Row]:
 
 
 def container_environment(workload: Document, name: str, secret: dict[str, str]) -> dict[str, str]:
-    """What the container's process sees: the image's ENV, less what its ``env -u`` removes, plus its env (Secret
-    values from ``secret``; an optional key it lacks is no variable)."""
+    """What the container's process sees: the image's ENV plus its env (Secret values from ``secret``; an optional
+    key it lacks is no variable)."""
     item = container(workload, name)
     variables = image_environment()
-    for unset in unset_by(item.get("command", [])):
-        variables.pop(unset, None)
     for variable in item.get("env", []):
         if "value" in variable:
             variables[variable["name"]] = variable["value"]
@@ -322,7 +320,7 @@ def check_settings(rendered: Rendered, directory: Path) -> list[Row]:
         settings.tenants[name].digests() for name in tomllib.loads(secret["tenants.toml"])["tenants"])
     own = tomllib.loads(rendered.get("ConfigMap", "kvgate-config")["data"]["kvgate.toml"])
     assert [backend.url for backend in settings.backends] == [backend["url"] for backend in own["backends"]], \
-        "the image's KVGATE_BACKEND__URL must not replace the first backend's url"
+        "a KVGATE_BACKEND__URL (the image's or the pod's) must not replace the first backend's url"
     assert settings.server.watch_config_s > 0, \
         "kvgate must reload a mounted ConfigMap or Secret that changes in place (server.watch_config_s)"
     rows = [("settings", "kvgate-config + tenants.toml", f"load: port {port}, backends "
@@ -445,8 +443,8 @@ MUTATIONS: dict[str, tuple[Callable[[Rendered], None], str]] = {
                           "alerts.yml"),
     "a ConfigMap that is not rendered": (lambda r: pod_spec(r.get("Deployment", "kvgate"))["volumes"][0]
                                          .__setitem__("configMap", {"name": "kvgate-conf"}), "no ConfigMap"),
-    "the image's backend url left set": (lambda r: _gateway(r).__setitem__("command", ["kvgate"]),
-                                         "KVGATE_BACKEND__URL must not replace"),
+    "a backend url in the pod's environment": (lambda r: _gateway(r)["env"].append(
+        {"name": "KVGATE_BACKEND__URL", "value": "http://ollama:11434"}), "KVGATE_BACKEND__URL (the image's or"),
     "ledger pointed elsewhere": (lambda r: r.get("ConfigMap", "kvgate-config")["data"].__setitem__(
         "kvgate.toml", r.get("ConfigMap", "kvgate-config")["data"]["kvgate.toml"].replace(
             "redis://kvgate-redis:6379", "redis://redis:6379")), "points at redis, not the Redis Service"),

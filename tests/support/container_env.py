@@ -1,5 +1,5 @@
 """The environment a kvgate container starts with: the image's ``ENV`` (the Dockerfile's), which a deployment's own
-variables add to and its ``env -u NAME`` entrypoint takes from. The deployment tests load kvgate's settings under
+variables add to. The deployment tests load kvgate's settings under
 it, since a variable the image sets (``KVGATE_BACKEND__URL``) changes what a configuration file means."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 DOCKERFILE = Path(__file__).parents[2] / "Dockerfile"
@@ -21,13 +21,6 @@ def image_environment() -> dict[str, str]:
         if line.startswith("ENV "):
             variables |= dict(word.split("=", 1) for word in shlex.split(line[4:]))
     return variables
-
-
-def unset_by(command: Sequence[str]) -> set[str]:
-    """The variables an ``env -u NAME ... program`` command line removes before it runs the program."""
-    if list(command[:1]) != ["env"]:
-        return set()
-    return {command[index + 1] for index, word in enumerate(command) if word == "-u"}
 
 
 @contextlib.contextmanager
