@@ -51,12 +51,14 @@ class Fences:
         self._signals: dict[int, FenceSignal] = {}
         self._fenced: dict[int, AdmissionRejected] = {}
         self._timer: asyncio.TimerHandle | None = None
+        self._armed_s = 0.0  # when the timer fires (the loop's clock)
         self.fenced_total = 0
 
     def confirm(self, leases: Iterable[int], sent_s: float) -> None:
         """A commit or renewal sent at ``sent_s`` (the loop's clock) set these leases' expiry in Redis."""
         self.book.confirm([lease for lease in leases if lease not in self._fenced], sent_s)
-        self._arm()
+        if self._timer is None or self._armed_s > sent_s + self.book.lease_ttl_s - self.book.fence_margin_s:
+            self._arm()  # else the timer fires no later than these deadlines, and ``_due`` arms the next one
 
     def watch(self, lease: int) -> FenceSignal:
         """The running request's signal (the current task's); fired at once if its lease was fenced already."""
@@ -76,7 +78,8 @@ class Fences:
         self.book.forget(lease)
         self._signals.pop(lease, None)
         self._fenced.pop(lease, None)
-        self._arm()
+        if not self.book:  # else the timer may fire early (``_due`` finds nothing due and arms the next): per
+            self.close()   # request, a release costs no new timer
 
     def is_fenced(self, lease: int) -> bool:
         return lease in self._fenced
@@ -99,6 +102,7 @@ class Fences:
             self._timer = None
         deadline_s = self.book.next_deadline_s()
         if deadline_s is not None:
+            self._armed_s = deadline_s
             self._timer = asyncio.get_running_loop().call_at(deadline_s, self._due)
 
     def _due(self) -> None:
@@ -106,6 +110,8 @@ class Fences:
         due = self.book.due(asyncio.get_running_loop().time())
         if due:
             self._on_due(due)
+            for lease in due:  # one ``on_due`` did not fence has no request any more: never due again (a deadline
+                self.book.forget(lease)  # left behind would re-arm the timer at once, forever: a core spun)
         self._arm()
 
     def close(self) -> None:

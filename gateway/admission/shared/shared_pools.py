@@ -358,7 +358,9 @@ class SharedPools:
             missing = {self.store.lease_id(r): r for r in live}
             lapsed = [missing[lease] for lease in renewed.missing if lease in missing]
             gone = {r.id for r in lapsed}
-            self.fences.confirm((r.id for r in live if r.id not in gone), sent_s)
+            still = self._mine.get(key, {})  # a request that ended while the renewal was on its way has no deadline
+            self.fences.confirm((r.id for r in live if r.id not in gone and r.id in still), sent_s)
+            lapsed = [r for r in lapsed if r.id in still]
             self._saw(key, Answer("", renewed.expired, renewed.totals))
             for reservation in lapsed:
                 if not await self._add_back(reservation):
@@ -379,6 +381,10 @@ class SharedPools:
             self.went_down(str(exc))
             return False
         self._saw(reservation.key, answer)
+        if reservation.id not in self._mine.get(reservation.key, {}):  # its request ended meanwhile
+            if answer.verdict == "ok":  # its release went before this lease was back: drop it again
+                self._spawn(self._release(reservation.key, [reservation]))
+            return True
         if answer.verdict == "ok":
             self.readded_total += 1
             self.fences.confirm((reservation.id,), sent_s)

@@ -128,3 +128,38 @@ async def test_a_replica_cut_off_from_redis_ends_its_requests_before_their_lease
 
 async def _leases(direct: aioredis.Redis) -> int:
     return sum([await direct.hlen(k) async for k in direct.scan_iter("kvgate:pool:*:leases")])
+
+
+async def test_a_request_that_ends_while_its_renewal_is_on_its_way_leaves_no_deadline_behind(redis_url: str) -> None:
+    """The renewal confirms the leases it sent once Redis answers; a request released meanwhile must not get its
+    deadline back (it had none any more: the fence timer then re-armed at that past deadline, at once, forever, and
+    a replica under load spun a core after every burst)."""
+    from tests.admission.shared.test_replicas import POLICY, cost, fast, replica
+
+    async with replica(fast(redis_url, lease_ttl_s=5.0, fence_margin_s=1.0)) as room:
+        shared = room.shared
+        assert shared is not None
+        permits = [await room.acquire(POOL.key, POOL, cost(1_000), POLICY) for _ in range(3)]
+        assert len(shared.fences.book) == 3
+        renewing = asyncio.ensure_future(shared.renew_all())
+        await asyncio.sleep(0)  # the renewal is on its way to Redis
+        for permit in permits[:2]:
+            permit.release()
+        await renewing
+        assert len(shared.fences.book) == 1  # the one still running, renewed; the two ended: no deadline
+        permits[2].release()
+        assert len(shared.fences.book) == 0
+
+
+async def test_a_deadline_nobody_fences_is_dropped_not_rearmed_forever() -> None:
+    """Defence in depth: a due lease that ``on_due`` did not fence (its request is gone) is forgotten, so the timer
+    fires once for it, not in a loop."""
+    from gateway.admission.shared.fencing import Fences
+
+    calls: list[list[int]] = []
+    fences = Fences(lease_ttl_s=0.2, fence_margin_s=0.1, on_due=calls.append)
+    fences.confirm([7], asyncio.get_running_loop().time())
+    await until(lambda: calls)
+    await asyncio.sleep(0.1)  # a timer re-armed at a past deadline would have fired hundreds of times by now
+    assert calls == [[7]] and 7 not in fences.book
+    fences.close()
