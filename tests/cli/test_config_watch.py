@@ -6,9 +6,6 @@ settings stay."""
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,6 +16,7 @@ from gateway.cli.config_watch import watch_files
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.kubelet_mounts import publish
 from tests.support.poll import until
+from tests.support.serve_process import listening, serve_process
 
 ADMIN = "admin-key-for-config-watch-tests"
 CONFIG = """[server]
@@ -42,24 +40,10 @@ async def pod(tmp_path: Path) -> AsyncIterator[tuple[str, str, Path, Path]]:
         config, secret = tmp_path / "config", tmp_path / "secret"
         publish(config, 1, {"kvgate.toml": CONFIG.format(url=backend.url, max_active=2)})
         publish(secret, 1, {"tenants.toml": TENANTS.format(key="ci-key-1")})
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway", "serve", "--port", "0", "--config", str(config / "kvgate.toml"),
-            "--config", str(secret / "tenants.toml"), stderr=asyncio.subprocess.PIPE,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "KVGATE_SERVER__ADMIN_KEY": ADMIN})
-        assert process.stderr is not None
-        lines: list[str] = []
-        url = ""
-        while not url:
-            line = (await asyncio.wait_for(process.stderr.readline(), timeout=20)).decode()
-            assert line, f"kvgate serve exited: {''.join(lines)}"
-            lines.append(line)
-            found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-            url = found.group(1) if found else ""
-        try:
+        async with serve_process("--config", str(config / "kvgate.toml"), "--config", str(secret / "tenants.toml"),
+                                 env={"KVGATE_SERVER__ADMIN_KEY": ADMIN}) as served:
+            url = await listening(served)
             yield url, backend.url, config, secret
-        finally:
-            process.terminate()
-            await process.wait()
 
 
 async def _status(url: str, key: str) -> int:

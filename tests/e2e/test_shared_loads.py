@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ from tests.e2e.test_load_admission import backend_for, call, chat, simulator, st
 from tests.support.gateway_server import running_gateway
 from tests.support.poll import until
 from tests.support.redis_server import RunningRedis, running_redis
+from tests.support.serve_process import listening, serve_process
 
 MODELS = ("qwen2.5:32b", "gemma3:27b", "llama3.1:8b")
 REPLICAS = 3
@@ -166,11 +165,9 @@ async def test_a_replica_killed_mid_load_holds_no_other_replica_past_its_lease(
         config.write_text(f'[shared_ledger]\nredis_url = "{redis_server.url}"\nlease_ttl_s = {ttl_s}\n'
                           f'fence_margin_s = 0.5\n\n[[backends]]\nname = "sim"\nurl = "{sim}"\n'
                           f'vram = "{sim}{EXPORTER_PATH}"\nvram_refresh_s = 0.01\nparallel = 1\n')
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway", "serve", "--port", "0", "--config", str(config),
-            stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"})
-        try:
-            doomed_url = await _listening(process)
+        async with serve_process("--config", str(config)) as served:
+            process = served.process
+            doomed_url = await listening(served)
             doomed = asyncio.ensure_future(chat(doomed_url, "gemma3:27b"))
             lease = f"kvgate:gpu:{len('sim')}:sim"
 
@@ -192,10 +189,6 @@ async def test_a_replica_killed_mid_load_holds_no_other_replica_past_its_lease(
             status, _, body = await asked
             answered_after_s = time.monotonic() - killed_s
             await asyncio.gather(doomed, return_exceptions=True)
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
         sim_stats = await stats(sim)
     await client.aclose()
     print(f"\n  SIGKILL mid-load: its lease gone {expired_after_s:.2f} s later (lease_ttl_s {ttl_s:g}); the other "
@@ -205,12 +198,3 @@ async def test_a_replica_killed_mid_load_holds_no_other_replica_past_its_lease(
     assert (sim_stats["evictions"], sim_stats["load_failures"], sim_stats["runtime_ooms"]) == (0, 0, 0), sim_stats
     assert answered_after_s < 3 * ttl_s + 2 * 3.0 + 4.0  # the expiry, the dead one's load ending, its own load
 
-
-async def _listening(process: asyncio.subprocess.Process) -> str:
-    assert process.stderr is not None
-    while True:
-        line = (await asyncio.wait_for(process.stderr.readline(), timeout=20)).decode()
-        assert line, "kvgate serve exited before listening"
-        match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-        if match:
-            return match.group(1)

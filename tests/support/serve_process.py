@@ -54,11 +54,17 @@ async def serve_process(*args: str, env: dict[str, str] | None = None) -> AsyncI
             await process.wait()
 
 
+async def listening(served: ServeProcess) -> str:
+    """The URL it listens on, once it logs it (kept in ``served.url``)."""
+    match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", await served.line_with("listening on"))
+    assert match
+    served.url = match.group(1)
+    return served.url
+
+
 @asynccontextmanager
 async def serving_config(config: Path) -> AsyncIterator[ServeProcess]:
     """``kvgate serve --port 0 --config CONFIG``, once it logs where it listens."""
     async with serve_process("--config", str(config)) as served:
-        match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", await served.line_with("listening on"))
-        assert match
-        served.url = match.group(1)
+        await listening(served)
         yield served
