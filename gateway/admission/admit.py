@@ -267,8 +267,8 @@ class Admitter:
         if self._loads is not None:
             self._loads.touch(pool.backend, pool.model)
         lowered = self._pools.lowered_for(pool)
-        outcome = replace(
-            outcome, recount=fitted.recount or outcome.recount, rewrites=tuple(changes), trim=fitted.trim,
+        outcome = AdmissionOutcome(  # every field: built whole rather than replaced (~10 us on every request)
+            outcome.count, recount=fitted.recount or outcome.recount, rewrites=tuple(changes), trim=fitted.trim,
             summary=fitted.summary,
             waited_s=permit.waited_s,
             reserved=Reserved(pool.key, admit.reserve_tokens, admit.sequences, admit.limit_tokens),

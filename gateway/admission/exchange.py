@@ -20,7 +20,7 @@ admission step asks it one question, whether the client is still there (``client
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.admission.charging import ReportedUsage
@@ -105,7 +105,9 @@ class Exchange:
 
     def identified(self, tenant: Tenant) -> None:
         """The tenant the request's key names (once, before anything else is learned)."""
-        self.facts = replace(self.facts, tenant=tenant)
+        facts = self.facts  # built field by field: dataclasses.replace costs ~10 us, and this runs on every request
+        self.facts = RequestFacts(facts.request_id, facts.method, facts.path, facts.route_label, facts.dialect,
+                                  facts.settings, facts.started_s, tenant)
 
     @property
     def tenant(self) -> Tenant:

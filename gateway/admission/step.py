@@ -47,7 +47,7 @@ from gateway.backends.prober import ProbeError
 from gateway.config.settings import Settings
 from gateway.domain import ParsedRequest, Rewrites
 from gateway.errors import BackendNotReady, BackendUnavailable, GatewayError
-from gateway.fitting.policy import FitPolicy, policy_for
+from gateway.fitting.policy import FitPolicies, FitPolicy
 from gateway.fitting.rewrite import apply_rewrites, encode_body
 from gateway.fitting.summary_writer import SUMMARIZER_TENANT
 from gateway.loads.gate import Claim, LoadGate
@@ -147,6 +147,7 @@ class AdmissionStep:
         self.loads = loads
         self._registry = registry
         self._counter = counter
+        self._fit_policies = FitPolicies()
         self._rates = rates
         self.slots = SlotWatch()
         """Elastic replies that are not streamed, read from their server's slots (``slot_watch``)."""
@@ -320,12 +321,11 @@ class AdmissionStep:
         claim = await self._hold_model(backend, model)
         return Admitted(_raw(exchange), None, None, None, False, None, claim)
 
-    @staticmethod
-    def _fit_policy(exchange: Exchange, model: str | None) -> FitPolicy:
+    def _fit_policy(self, exchange: Exchange, model: str | None) -> FitPolicy:
         """What a request too long for its context may have done to it; kvgate's own summary requests are never
         summarized themselves."""
         tenant = exchange.tenant
-        policy = policy_for(exchange.facts.settings, tenant=tenant.name, model=model)
+        policy = self._fit_policies.get(exchange.facts.settings, tenant=tenant.name, model=model)
         return policy.without_summaries() if tenant.name == SUMMARIZER_TENANT else policy
 
 

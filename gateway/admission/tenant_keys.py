@@ -48,7 +48,9 @@ class Tenant:
 
 
 def tenant_policy(policy: Policy, tenant: Tenant) -> Policy:
-    """``policy`` with the tenant's own caps in place of the defaults."""
+    """``policy`` with the tenant's own caps in place of the defaults (``policy`` itself when it has none)."""
+    if tenant.max_active is None and tenant.max_pool_share is None and tenant.max_queued is None:
+        return policy
     return replace(
         policy,
         per_tenant_max_active=policy.per_tenant_max_active if tenant.max_active is None else tenant.max_active,

@@ -81,3 +81,28 @@ def policy_for(settings: Settings, *, tenant: str | None = None, model: str | No
     if tenant and tenant in settings.tenants:
         policy = _apply(policy, settings.tenants[tenant].fitting)
     return policy
+
+
+POLICY_CACHE = 256
+"""How many (tenant, model) policies ``FitPolicies`` keeps per configuration (model names come from clients)."""
+
+
+class FitPolicies:
+    """``policy_for``, worked out once per configuration, tenant and model (it runs on every request; with
+    ``[models]`` or tenant overrides each call dumps the override settings): a new settings snapshot (a reload)
+    starts afresh, and at most ``POLICY_CACHE`` are kept."""
+
+    def __init__(self) -> None:
+        self._settings: Settings | None = None
+        self._found: dict[tuple[str | None, str | None], FitPolicy] = {}
+
+    def get(self, settings: Settings, *, tenant: str | None = None, model: str | None = None) -> FitPolicy:
+        if settings is not self._settings:
+            self._settings, self._found = settings, {}
+        key = (tenant, model)
+        found = self._found.get(key)
+        if found is None:
+            if len(self._found) >= POLICY_CACHE:
+                self._found.clear()
+            found = self._found[key] = policy_for(settings, tenant=tenant, model=model)
+        return found

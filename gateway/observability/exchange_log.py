@@ -17,13 +17,14 @@ log = logging.getLogger("gateway.proxy")
 
 def finish(metrics: Metrics, exchange: Exchange, elapsed_s: float) -> None:
     """Log, count and keep the request's decision, once."""
-    facts = exchange.facts
-    detail: dict[str, object] = {"tenant": exchange.tenant_label}
-    if exchange.error is not None:
-        detail["error"] = exchange.error
-    detail.update(request_fields(exchange))
-    log.info("%s %s %d", facts.method, ClientText(facts.path), exchange.status,
-             extra={"duration_ms": round(elapsed_s * 1000, 2), **detail})
+    if log.isEnabledFor(logging.INFO):  # the fields are built only for a line that is written
+        facts = exchange.facts
+        detail: dict[str, object] = {"tenant": exchange.tenant_label}
+        if exchange.error is not None:
+            detail["error"] = exchange.error
+        detail.update(request_fields(exchange))
+        log.info("%s %s %d", facts.method, ClientText(facts.path), exchange.status,
+                 extra={"duration_ms": round(elapsed_s * 1000, 2), **detail})
     record(metrics, exchange, elapsed_s)
     metrics.recent_decisions.add(exchange)
     if exchange.count is not None:
