@@ -43,13 +43,14 @@ def redis_binary() -> str:
 
 
 @contextmanager
-def running_redis(port: int | None = None) -> Iterator[RunningRedis]:
+def running_redis(port: int | None = None, extra_args: tuple[str, ...] = ()) -> Iterator[RunningRedis]:
+    """``extra_args``: more of redis-server's options (``--requirepass``, ``--unixsocket``)."""
     binary = redis_binary()
     port = port or free_port()
     with tempfile.TemporaryDirectory(prefix="kvgate-redis-") as work:
         process = subprocess.Popen(
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", work, "--protected-mode", "yes"],
+             "--dir", work, "--protected-mode", "yes", *extra_args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
 

@@ -3,6 +3,9 @@
 ``SharedStore`` speaks to Redis and nothing else: it turns reservations into leases and the scripts' answers into
 ``LedgerSnapshot``s of the whole pool (every replica's leases). Whoever calls it decides what to do with them
 (``pools.SharedPools``). A call that can't reach Redis within ``timeout_s`` raises ``StoreUnreachable``.
+
+The scripts go on one pipelined connection of their own (``script_line.ScriptLine``); the client's pool serves the
+rest (the announcements' subscription, the GPU leases), and the scripts too where the URL is TLS or a Unix socket.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -24,6 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.admission.ledger import Reservation
 from gateway.admission.rates import RateLimit, RateRefusal
 from gateway.admission.shared import scripts
+from gateway.admission.shared.script_line import ReplyError, ScriptLine, script_sha
 from gateway.admission.types import LedgerSnapshot, PoolKey
 
 
@@ -159,17 +164,23 @@ class SharedStore:
         self._prefix = prefix
         self.replica = replica or uuid.uuid4().hex[:12]
         self.epoch = ""  # the epoch of Redis's data this store last saw (``scripts.epoch``): a restart shows
-        self._reserve = client.register_script(scripts.RESERVE)
-        self._release = client.register_script(scripts.RELEASE)
-        self._resize = client.register_script(scripts.RESIZE)
-        self._renew = client.register_script(scripts.RENEW)
-        self._epoch = client.register_script(scripts.EPOCH)
-        self._totals = client.register_script(scripts.TOTALS)
-        self._join = client.register_script(scripts.QUEUE_JOIN)
-        self._touch = client.register_script(scripts.QUEUE_TOUCH)
-        self._leave = client.register_script(scripts.QUEUE_LEAVE)
-        self._rate_take = client.register_script(scripts.RATE_TAKE)
-        self._rate_settle = client.register_script(scripts.RATE_SETTLE)
+        self._line = ScriptLine.for_pool(client.connection_pool)
+        """Every script call goes on this one pipelined connection (script_line.py); None (TLS, a Unix socket):
+        redis-py's own calls."""
+        self._reserve = self._script(scripts.RESERVE)
+        self._release = self._script(scripts.RELEASE)
+        self._resize = self._script(scripts.RESIZE)
+        self._renew = self._script(scripts.RENEW)
+        self._epoch = self._script(scripts.EPOCH)
+        self._totals = self._script(scripts.TOTALS)
+        self._join = self._script(scripts.QUEUE_JOIN)
+        self._touch = self._script(scripts.QUEUE_TOUCH)
+        self._leave = self._script(scripts.QUEUE_LEAVE)
+        self._rate_take = self._script(scripts.RATE_TAKE)
+        self._rate_settle = self._script(scripts.RATE_SETTLE)
+
+    def _script(self, source: str) -> _Script:
+        return _Script(script_sha(source), source, self._redis.register_script(source))
 
     @property
     def client(self) -> aioredis.Redis:
@@ -206,6 +217,8 @@ class SharedStore:
         return f"SharedStore(prefix={self._prefix!r}, replica={self.replica!r})"
 
     async def close(self) -> None:
+        if self._line is not None:
+            await self._line.close()
         await self._redis.aclose()
 
     def lease_id(self, reservation: Reservation) -> str:
@@ -300,24 +313,35 @@ class SharedStore:
         await self._attempt(self._rate_settle, [f"{self._prefix}:rate:tokens:{tenant}"],
                             [limit.tokens_per_minute, output_tokens])
 
-    async def _call(self, script: Any, keys: list[str], args: Sequence[str | int | float]) -> Answer:
+    async def _call(self, script: _Script, keys: list[str], args: Sequence[str | int | float]) -> Answer:
         verdict, expired, flat, *epoch = await self._attempt(script, keys, args)
         if epoch:
             self.epoch = _text(epoch[0])
         return Answer(_text(verdict), int(expired), _snapshot(flat))
 
-    async def _attempt(self, script: Any, keys: list[str], args: Sequence[str | int | float]) -> Any:
-        """Run the script, once more after a connection error (a pooled connection Redis closed, as after its
-        restart, fails once and is replaced); a second failure means Redis is unreachable."""
+    async def _attempt(self, script: _Script, keys: list[str], args: Sequence[str | int | float]) -> Any:
+        """Run the script, once more after a connection error (a connection Redis closed, as after its restart,
+        fails once and is replaced); a second failure means Redis is unreachable."""
+        line = self._line
         for attempt in (1, 2):
             try:
-                return await script(keys=keys, args=list(args))
+                if line is not None:
+                    return await line.evalsha(script.sha, script.source, keys, args)
+                return await script.fallback(keys=keys, args=list(args))
             except (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError) as exc:
                 if attempt == 2:
                     raise StoreUnreachable(str(exc) or type(exc).__name__) from exc
-            except (RedisError, OSError) as exc:
+            except (RedisError, ReplyError, OSError) as exc:
                 raise StoreUnreachable(str(exc) or type(exc).__name__) from exc
         raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True, slots=True)
+class _Script:
+    sha: str
+    source: str
+    fallback: AsyncScript
+    """redis-py's, for a store without a script line."""
 
 
 def _ms(seconds: float) -> int:

@@ -47,12 +47,11 @@ async def _script_calls(url: str) -> int:
 
 
 async def _pool_tokens(url: str) -> int:
-    client = aioredis.Redis.from_url(url)
+    store = SharedStore(aioredis.Redis.from_url(url), prefix="kvgate")
     try:
-        store = SharedStore(client, prefix="kvgate")
         return (await store.totals(POOL.key)).totals.reserved_tokens
     finally:
-        await client.aclose()
+        await store.close()  # its client and its script line
 
 
 async def _pool_empty(url: str) -> bool:
