@@ -6,7 +6,7 @@ Starts a fast fake Ollama (one Llama 3 model, loaded) and, each in its own proce
 in front of it, a bare aiohttp proxy with no kvgate logic (bench/bare_proxy.py: what any Python hop costs here),
 and, where installed, nginx as a reverse proxy, kvgate with ``[shared_ledger]`` on a local Redis, two kvgate replicas
 sharing one Redis (the client splits the load between them) and LiteLLM. It then measures, every hop in each round
-and rounds alternating so machine noise hits all alike:
+and the order of the hops turned by one each round, so machine noise and a hop's place in the round hit all alike:
 - a small non-streaming chat: median and p99 latency, requests per second, at concurrency 1 and 64, from this
   process's aiohttp client, and again with wrk where it is installed (a C client: a hop faster than Python's client
   is told apart from the client's own limit);
@@ -29,7 +29,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 import orjson
@@ -143,10 +143,12 @@ class Row:
     name: str
     direct: Result
     through: dict[str, tuple[Result, float]]
+    rounds: dict[str, list[Result]] = field(default_factory=dict)
+    """Every hop's rounds, in order (round i of each hop was measured in the same turn)."""
 
 
 async def measure(targets: dict[str, Target], quick: bool, rounds: int = ROUNDS) -> list[Row]:
-    """The Python-client cases, every hop in each round, rounds alternating so drift hits every hop alike."""
+    """The Python-client cases, every hop in each round, the hops' order turned each round (``_turned``)."""
     scale = 0.25 if quick else 1.0
     plans = [  # each round lasts about half a second, so one noisy moment can't decide a round
         ("small chat, c=1", 1, int(1500 * scale), _small),
@@ -162,9 +164,9 @@ async def measure(targets: dict[str, Target], quick: bool, rounds: int = ROUNDS)
             for target in here.values():  # warm every path
                 await _run(concurrency, max(1, per_worker // 10), make(http, target))
             runs: dict[str, list[Result]] = {label: [] for label in here}
-            for _ in range(rounds):
-                for label, target in here.items():
-                    runs[label].append(await _run(concurrency, per_worker, make(http, target)))
+            for index in range(rounds):
+                for label in _turned(list(here), index):
+                    runs[label].append(await _run(concurrency, per_worker, make(http, here[label])))
             rows.append(_row(name, runs))
     return rows
 
@@ -186,9 +188,9 @@ def measure_wrk(wrk: Wrk, targets: dict[str, Target], quick: bool, rounds: int =
         for target in fast.values():  # warm
             wrk.run(target.urls, target.path, concurrency, 1)
         runs: dict[str, list[Result]] = {label: [] for label in targets}
-        for _ in range(rounds):
-            for label, target in fast.items():
-                runs[label].append(_wrk_round(wrk, label, target, concurrency, seconds, failures))
+        for index in range(rounds):
+            for label in _turned(list(fast), index):
+                runs[label].append(_wrk_round(wrk, label, fast[label], concurrency, seconds, failures))
         beside: dict[str, list[Result]] = {}
         for label, target in slow.items():
             beside[label] = []
@@ -198,6 +200,13 @@ def measure_wrk(wrk: Wrk, targets: dict[str, Target], quick: bool, rounds: int =
                 beside[label].append(_wrk_round(wrk, DIRECT, direct, concurrency, seconds, failures))
         rows.append(_row(f"small chat, c={concurrency} (wrk)", runs, beside))
     return rows
+
+
+def _turned(labels: list[str], index: int) -> list[str]:
+    """Round ``index``'s order: each hop goes first in turn (a fixed order measured kvgate right after direct in
+    every round and its baseline after the bare proxy, and the c=1 comparison of the two moved with it)."""
+    shift = index % len(labels)
+    return labels[shift:] + labels[:shift]
 
 
 def _wrk_round(wrk: Wrk, label: str, target: Target, concurrency: int, seconds: int,
@@ -233,7 +242,7 @@ def _row(name: str, runs: dict[str, list[Result]], direct_for: dict[str, list[Re
             beside = (direct_for or {}).get(label, direct)
             ratios = [p.rate / d.rate for d, p in zip(beside, results, strict=True)]
             through[label] = (_merge(results), statistics.median(ratios))
-    return Row(name, _merge(direct), through)
+    return Row(name, _merge(direct), through, runs)
 
 
 def _merge(results: list[Result]) -> Result:
@@ -319,8 +328,18 @@ def _compare(rows: list[Row]) -> str:
     for row in rows:
         before, now = row.through[BASELINE][0], row.through[KVGATE][0]
         lines.append(f"{row.name:<24} {before.median_ms:>13.3f} {now.median_ms:>10.3f} {before.rate:>10.0f} "
-                     f"{now.rate:>10.0f} {now.rate / before.rate:>10.2f}")
+                     f"{now.rate:>10.0f} {_paired(row):>10.2f}")
+    lines.append("(now/before: the median of the rounds' ratios, each round's two measured in that round)")
     return "\n".join(lines)
+
+
+def _paired(row: Row) -> float:
+    """now/before as the median of each round's own ratio (the rates of the median rounds where the row has no
+    rounds: a table made from fixed rows)."""
+    now, before = row.rounds.get(KVGATE), row.rounds.get(BASELINE)
+    if not now or not before:
+        return row.through[KVGATE][0].rate / row.through[BASELINE][0].rate
+    return statistics.median(n.rate / b.rate for n, b in zip(now, before, strict=True))
 
 
 async def _wait_for_tokenizer(gateway: str, deadline_s: float = 60.0) -> str:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.hops import BARE, DIRECT, KVGATE, LITELLM, NGINX, SHARED, nginx_config
-from bench.overhead import Result, Row, hops_table, render
+from bench.hops import BARE, BASELINE, DIRECT, KVGATE, LITELLM, NGINX, SHARED, nginx_config
+from bench.overhead import Result, Row, _paired, _turned, hops_table, render
 from bench.wrk_runs import Wrk, parse_wrk
 
 WRK_REPORT = """Running 2s test @ http://127.0.0.1:1/api/chat
@@ -84,3 +84,16 @@ def test_every_hop_is_one_row_of_the_table_and_a_missing_one_says_why() -> None:
     assert "requests/s at c=64 >= 10% of nginx's: 8.8% -> FAIL" in report
     assert "with the shared ledger >= 0.8x the requests/s of one unshared kvgate at c=64: 0.90x -> PASS" in report
     assert "added median latency at c=1 <= 0.3 ms: 1.000 ms -> FAIL (wrk)" in report
+
+
+def test_each_hop_goes_first_in_turn_and_the_baseline_is_compared_round_by_round() -> None:
+    hops = [DIRECT, KVGATE, BARE, BASELINE]
+    firsts = [_turned(hops, index)[0] for index in range(8)]
+    assert firsts == hops * 2 and all(sorted(_turned(hops, i)) == sorted(hops) for i in range(8))
+    # round by round: 1.00, 1.01, 0.98 -> 1.00; without the rounds, the rates of the median rounds: 700 / 690
+    rounds = {KVGATE: [_result(1.0, rate) for rate in (700, 1000, 500)],
+              BASELINE: [_result(1.0, rate) for rate in (700, 990, 510)]}
+    row = Row("small chat, c=1", _result(0.3, 3000), {KVGATE: (_result(1.0, 700), 0.2),
+                                                      BASELINE: (_result(1.0, 690), 0.2)}, rounds)
+    assert _paired(row) == pytest.approx(1.0)
+    assert _paired(Row("x", _result(0.3, 3000), row.through)) == pytest.approx(700 / 690)
