@@ -104,8 +104,9 @@ async def test_a_replica_cut_off_from_redis_ends_its_requests_before_their_lease
                 await started.wait()
                 reply = asyncio.create_task(_reply(http, url))
 
-                async def both_held() -> bool:
-                    return await _leases(direct) == 2
+                async def both_held() -> bool:  # and both at the server: the replica has had its answers (a lease
+                    # in Redis whose answer was still on its way when the path paused was refused, 1 run in 10)
+                    return await _leases(direct) == 2 and await _processing(http, sim) == 2
                 await until(both_held, timeout_s=5)
                 path.pause()  # replica 0's path to Redis goes silent: no renewal gets through from now on
                 paused_s = time.monotonic()
@@ -124,6 +125,12 @@ async def test_a_replica_cut_off_from_redis_ends_its_requests_before_their_lease
     assert (status, headers.get("Retry-After")) == (503, "1")
     assert body["error"]["code"] == "ledger_fenced" and "lease_ttl_s = 1.5" in body["error"]["message"]
     assert max(stream_end_s, reply_end_s) < paused_s + ttl_s  # before the leases may expire (last renewal <= pause)
+
+
+async def _processing(http: aiohttp.ClientSession, server: str) -> int:
+    """How many of the server's slots are running a request (llama-server's /slots)."""
+    async with http.get(f"{server}/slots") as reply:
+        return sum(1 for slot in orjson.loads(await reply.read()) if slot["is_processing"])
 
 
 async def _leases(direct: aioredis.Redis) -> int:
