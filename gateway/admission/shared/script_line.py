@@ -81,7 +81,14 @@ class _Protocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         reader, waiting = self._reader, self.waiting
         reader.feed(data)
-        while (answer := reader.gets()) is not False:
+        while True:
+            try:
+                answer = reader.gets()
+            except hiredis.ProtocolError as exc:  # not RESP: nothing more on this connection can be trusted
+                self.fail(ConnectionError(f"Redis sent something that is not RESP: {exc}"))
+                return
+            if answer is False:
+                break
             if not waiting:  # an answer nobody asked for: the stream can't be trusted any more
                 self.fail(ConnectionError("Redis sent an answer to no command"))
                 return

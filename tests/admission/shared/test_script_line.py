@@ -158,3 +158,33 @@ async def test_a_store_on_a_unix_socket_keeps_redis_pys_own_calls(tmp_path: Path
         await store.learn_epoch()
         assert store.epoch and (await store.totals(PoolKey("b", "m"))).verdict == "0"
         await store.close()
+
+
+async def test_a_peer_that_does_not_speak_resp_fails_the_calls_at_once() -> None:
+    done = asyncio.Event()
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.read(100)
+            writer.write(b"?not resp at all\r\n")
+            await writer.drain()
+            with contextlib.suppress(ConnectionError):
+                await reader.read()  # until the line closes the connection
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+            done.set()
+
+    server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    line = _line(server.sockets[0].getsockname()[1], timeout_s=3.0)
+    try:
+        started_s = asyncio.get_running_loop().time()
+        with pytest.raises(ConnectionError, match="not RESP"):
+            await line.call("PING")
+        assert asyncio.get_running_loop().time() - started_s < 1.0  # not left to the timeout
+    finally:
+        await line.close()
+        await asyncio.wait_for(done.wait(), timeout=5)
+        server.close()
+        await server.wait_closed()
