@@ -66,7 +66,8 @@ class ReplyChecks:
             self.report(parsed, backend, model, found)
         count = outcome.count
         if count.counter != ESTIMATE_COUNTER and not count.exact and runtime_for(backend).calibrates_estimates:
-            await self._counter.calibrate(parsed, backend, model, seen)  # an exact count has nothing to learn
+            # an exact count has nothing to learn; the count's contents' tokens are not counted again
+            await self._counter.calibrate(parsed, backend, model, seen, count)
 
     def report(
         self, parsed: ParsedRequest, backend: Backend, model: str, found: truncation.Truncation

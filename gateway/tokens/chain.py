@@ -55,12 +55,17 @@ class CounterChain:
             return result
         raise CounterUnavailable(self.name, f"no counter could count for model {self.model!r}: {'; '.join(reasons)}")
 
-    async def calibrate(self, messages: Sequence[Message], tools: Sequence[Tool], observed_prompt_tokens: int) -> None:
+    async def calibrate(self, messages: Sequence[Message], tools: Sequence[Tool], observed_prompt_tokens: int,
+                        counted: TokenCount | None = None) -> None:
         """Pass a backend-reported prompt length (Ollama `prompt_eval_count`, OpenAI `usage.prompt_tokens`) to
-        every counter that learns from it; counters that cannot load now are skipped."""
+        every counter that learns from it; counters that cannot load now are skipped. ``counted``: the request's
+        count, whose contents' tokens (if any) the counter that produced it reuses."""
         for counter in self._calibrating:
+            known = None
+            if counted is not None and counted.counter == getattr(counter, "name", None):
+                known = counted.content_tokens
             try:
-                await counter.calibrate(messages, tools, observed_prompt_tokens)
+                await counter.calibrate(messages, tools, observed_prompt_tokens, known)
             except CounterUnavailable:
                 continue
 

@@ -28,6 +28,9 @@ class TokenCount:
     counter: str
     exact: bool
     per_prompt: tuple[int, ...] = ()
+    content_tokens: int | None = None
+    """For a chat counted as its contents plus the learned template overhead: the contents' own tokens, which
+    calibration against the backend's reported length takes from here instead of counting them again."""
 
 
 class CounterUnavailable(Exception):
@@ -58,5 +61,7 @@ class Calibrating(Protocol):
     """A counter that learns from the prompt lengths a backend reports (the chat-template overhead)."""
 
     async def calibrate(
-        self, messages: Sequence[Message], tools: Sequence[Tool], observed_prompt_tokens: int
-    ) -> None: ...
+        self, messages: Sequence[Message], tools: Sequence[Tool], observed_prompt_tokens: int,
+        content_tokens: int | None = None,
+    ) -> None:
+        """``content_tokens``: the messages' and tools' own tokens, where this counter counted them already."""

@@ -22,7 +22,7 @@ import asyncio
 import functools
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from gateway.backends import Backend, BackendClient
@@ -232,13 +232,23 @@ class PromptCounter:
         elif task.result().counter != ESTIMATE_COUNTER and (key in self._chains or key in self._unlisted):
             self._warm.add(key)
 
-    async def calibrate(self, parsed: ParsedRequest, backend: Backend, model: str, observed_prompt_tokens: int) -> None:
-        """Learn a model's template overhead from the prompt length its backend reported."""
+    async def calibrate(self, parsed: ParsedRequest, backend: Backend, model: str, observed_prompt_tokens: int,
+                        counted: TokenCount | None = None) -> None:
+        """Learn a model's template overhead from the prompt length its backend reported. ``counted``: the
+        request's count; where it holds the contents' tokens, they are not counted again (nor is the tokenizing
+        budget needed)."""
         chain = self._cached((backend.name, model))
         messages = parsed.prompt_input.messages
+        if chain is None or not messages:
+            return
+        tools = list(parsed.prompt_input.tools)
+        if counted is not None and counted.content_tokens is not None:
+            chosen = [m for m in messages if isinstance(m, Mapping)]  # as count_prompt counted them
+            await chain.calibrate(chosen, tools, observed_prompt_tokens, counted)
+            return
         size_bytes = prompt_bytes(parsed.prompt_input)
-        if chain is None or not messages or size_bytes > self._exact_max_bytes:
+        if size_bytes > self._exact_max_bytes:
             return
         async with self.tokenizing.held(size_bytes, wait_s=0) as got:  # no room now: learnt from a later reply
             if got:
-                await chain.calibrate(list(messages), list(parsed.prompt_input.tools), observed_prompt_tokens)
+                await chain.calibrate(list(messages), tools, observed_prompt_tokens)

@@ -125,7 +125,7 @@ class TokenizerCounter:
         content_tokens = await self.content_tokens(messages, tools)
         overhead = self.overhead.current()
         tokens = content_tokens + overhead.tokens(len(messages)) + engine.special_tokens_added
-        return TokenCount(tokens, self.name, exact=overhead.exact)
+        return TokenCount(tokens, self.name, exact=overhead.exact, content_tokens=content_tokens)
 
     async def content_tokens(self, messages: Sequence[Message], tools: Sequence[Tool] = ()) -> int:
         """Tokens of the message texts, tool calls and tool schemas, plus images at their fixed cost."""
@@ -147,10 +147,12 @@ class TokenizerCounter:
         counts = await engine.count([d for d in decoded if isinstance(d, str)])
         return sum(counts) + byte_lengths + images * self.image_tokens
 
-    async def calibrate(self, messages: Sequence[Message], tools: Sequence[Tool], observed_prompt_tokens: int) -> None:
-        """Feed a backend-reported prompt length (Ollama `prompt_eval_count`) to the overhead estimator."""
+    async def calibrate(self, messages: Sequence[Message], tools: Sequence[Tool], observed_prompt_tokens: int,
+                        content_tokens: int | None = None) -> None:
+        """Feed a backend-reported prompt length (Ollama `prompt_eval_count`) to the overhead estimator; the
+        contents' tokens are counted unless ``content_tokens`` (this counter's, from the request's count) has them."""
         engine = await self.engine()
-        content = await self.content_tokens(messages, tools)
+        content = await self.content_tokens(messages, tools) if content_tokens is None else content_tokens
         self.overhead.observe(len(messages), content + engine.special_tokens_added, observed_prompt_tokens)
 
 

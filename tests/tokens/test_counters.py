@@ -107,7 +107,7 @@ async def test_gguf_counter_content_mode_learns_overhead() -> None:
     counter = TokenizerCounter(_gguf("llama-bpe"), model="m", overhead=overhead)
     content = await counter.content_tokens(CHAT)
     first = await counter.count_chat(CHAT)
-    assert first == TokenCount(content + 1 + 2 * 10 + 64, "gguf", exact=False)
+    assert first == TokenCount(content + 1 + 2 * 10 + 64, "gguf", exact=False, content_tokens=content)
     # The backend really uses 5 per message and 3 per request (BOS counted in content).
     longer = [*CHAT, {"role": "assistant", "content": "Fine."}, {"role": "user", "content": "Good."}]
     for chat in (CHAT, longer, CHAT[1:], longer):
@@ -276,6 +276,32 @@ async def test_chain_calibrates_learning_counters() -> None:
     await chain.calibrate(CHAT, [], content + 9)
     after = await chain.count_chat(CHAT)
     assert after.counter == "gguf" and after.tokens == content + 9 < before.tokens
+
+
+async def test_calibration_takes_the_contents_tokens_from_the_requests_count_of_the_same_counter() -> None:
+    """Calibration after a reply reuses the contents' tokens of the request's own count (no second tokenization),
+    but only a count by the same counter: another counter's figure is not this tokenizer's."""
+    def chain_of() -> tuple[CounterChain, TokenizerCounter]:
+        gguf = TokenizerCounter(_gguf("gpt-2"), model="m",
+                                overhead=OverheadEstimator(default_per_message_tokens=50, default_per_request_tokens=500))
+        return CounterChain("m", [gguf, EstimateCounter()]), gguf
+
+    chain, gguf = chain_of()
+    counted = await chain.count_chat(CHAT)
+    content = await gguf.content_tokens(CHAT)
+    assert counted.content_tokens == content and not counted.exact
+    cases = {  # what the count says the contents are -> the overhead then learned from a prompt of content + 9
+        "the request's count": (counted, 9),
+        "the same counter, a made-up figure": (TokenCount(0, "gguf", False, content_tokens=content - 4), 13),
+        "another counter's count": (TokenCount(0, "estimate", False, content_tokens=content - 4), 9),
+        "no count": (None, 9),
+    }
+    for case, (given, overhead) in cases.items():
+        chain, gguf = chain_of()
+        await chain.calibrate(CHAT, [], content + 9, given)
+        learned = await chain.count_chat(CHAT)
+        print(f"{case:36} -> learned overhead {learned.tokens - content}")
+        assert learned.tokens - content == overhead, case
 
 
 async def test_factory_orders_counters_per_backend_kind(tmp_path: Path) -> None:
