@@ -282,8 +282,8 @@ async def test_calibration_takes_the_contents_tokens_from_the_requests_count_of_
     """Calibration after a reply reuses the contents' tokens of the request's own count (no second tokenization),
     but only a count by the same counter: another counter's figure is not this tokenizer's."""
     def chain_of() -> tuple[CounterChain, TokenizerCounter]:
-        gguf = TokenizerCounter(_gguf("gpt-2"), model="m",
-                                overhead=OverheadEstimator(default_per_message_tokens=50, default_per_request_tokens=500))
+        overhead = OverheadEstimator(default_per_message_tokens=50, default_per_request_tokens=500)
+        gguf = TokenizerCounter(_gguf("gpt-2"), model="m", overhead=overhead)
         return CounterChain("m", [gguf, EstimateCounter()]), gguf
 
     chain, gguf = chain_of()
