@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.child_env import CACHE_ENV
+
 pytest_plugins = ["tests.conftest_llama"]
 
-CACHE_ENV = "KVGATE_COUNTING__CACHE_DIR"
 
 
 _own_cache_dir: list[str] = []

@@ -28,6 +28,7 @@ import time
 import aiohttp
 import pytest
 
+from tests.support.child_env import child_env
 from tests.support.fake_backend import FakeLLM, Script, running
 from tests.support.gateway_server import running_gateway
 from tests.support.poll import until
@@ -164,9 +165,9 @@ async def _drain(stream: asyncio.StreamReader, lines: list[str]) -> None:
 async def test_slowloris_past_the_file_limit_leaves_legitimate_requests_answered(cap: str) -> None:
     attackers = SLOW_CONNECTIONS[cap]
     _raise_own_nofile(attackers + 200)
-    env = {"PATH": "/usr/bin:/bin", "KVGATE_SERVER__HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
-           "KVGATE_SERVER__BODY_TIMEOUT_S": str(HEADER_TIMEOUT_S),
-           "KVGATE_SERVER__MAX_CONNECTIONS_PER_PEER": "100000"}  # every client here is 127.0.0.1
+    env = child_env({"KVGATE_SERVER__HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
+                     "KVGATE_SERVER__BODY_TIMEOUT_S": str(HEADER_TIMEOUT_S),
+                     "KVGATE_SERVER__MAX_CONNECTIONS_PER_PEER": "100000"})  # every client here is 127.0.0.1
     if cap == "no cap":  # the header deadline alone, past the file limit (accept() then fails for a while)
         env["KVGATE_SERVER__MAX_CONNECTIONS"] = "100000"
     async with running(FakeLLM()) as fake:

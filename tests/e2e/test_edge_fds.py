@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 
 from gateway.edge.limits import FD_RESERVE, near_fd_limit
+from tests.support.child_env import child_env
 from tests.support.fake_backend import FakeLLM, running
 from tests.support.poll import until
 
@@ -73,7 +74,7 @@ async def test_long_streams_past_the_file_limit_leave_other_clients_answered(tmp
         )
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway", "serve", "--port", "0", "--config", str(config),
-            stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"}, preexec_fn=_gateway_nofile_limit,
+            stderr=asyncio.subprocess.PIPE, env=child_env(), preexec_fn=_gateway_nofile_limit,
         )
         assert process.stderr is not None
         held: list[aiohttp.ClientResponse] = []

@@ -27,6 +27,7 @@ from gateway.config.shared_ledger import SharedLedgerSettings
 from gateway.support.tasks import stop
 from kvsim.config import SimConfig
 from kvsim.runner import start_sim
+from tests.support.child_env import child_env
 from tests.support.gateway_server import running_gateway
 from tests.support.llama_server import free_port
 from tests.support.poll import until
@@ -161,8 +162,8 @@ async def test_a_replica_killed_mid_run_loses_its_leases_within_the_ttl(redis_ur
     config = SimConfig(mode="llama-server", ctx_size=8192, time_scale=1.0, gen_tokens_per_s=50.0)
     runner, sim = await start_sim(config)
     ttl_s = 0.5
-    env = {"PATH": "/usr/bin:/bin", "KVGATE_SHARED_LEDGER__REDIS_URL": redis_url,
-           "KVGATE_SHARED_LEDGER__LEASE_TTL_S": str(ttl_s), "KVGATE_SHARED_LEDGER__FENCE_MARGIN_S": "0.2"}
+    env = child_env({"KVGATE_SHARED_LEDGER__REDIS_URL": redis_url, "KVGATE_SHARED_LEDGER__LEASE_TTL_S": str(ttl_s),
+                     "KVGATE_SHARED_LEDGER__FENCE_MARGIN_S": "0.2"})
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway", "serve", "--port", "0", "--backend", f"llama-server={sim}",
         stderr=asyncio.subprocess.PIPE, env=env,
