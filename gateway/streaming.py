@@ -211,8 +211,10 @@ async def _hold(
     size = 0
     try:
         while size <= limit_bytes:
-            async with asyncio.timeout(idle_s):
-                chunk = await content.readany()
+            chunk = content.read_nowait()  # what came with the headers: no timer for bytes already here
+            if not chunk and not content.is_eof():
+                async with asyncio.timeout(idle_s):
+                    chunk = await content.readany()
             if not chunk:
                 return b"".join(chunks), True
             chunks.append(chunk)

@@ -127,6 +127,7 @@ def request_cost(parsed: ParsedRequest, pool: PoolSpec, count: TokenCount, tenan
         sequences=runtime_for(pool.backend_kind).completions_run(parsed.sequences),
         weight=tenant.weight,
         batch_prompt_tokens=count.per_prompt if len(count.per_prompt) > 1 else (),
+        model=parsed.model or "",
     )
 
 
@@ -293,7 +294,8 @@ class Admitter:
         request goes on unchanged, its output at the estimate floor (planner rule 3), and the backend's own count
         decides. It is trimmed or summarized on an estimate only where the backend would otherwise cut it silently
         (``_cuts_silently``: Ollama truncates a prompt past its context without a word), by the same remedies."""
-        cost = replace(cost, model=parsed.model or "")  # the model the messages name, for a pool keyed ""
+        if cost.model != (parsed.model or ""):  # the model the messages name, for a pool keyed ""
+            cost = replace(cost, model=parsed.model or "")
         is_disconnected, recount = asker.is_disconnected, asker.recount
         permit = await self._acquire(pool, cost, policy, is_disconnected)
         counted: TokenCount | None = None

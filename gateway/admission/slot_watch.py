@@ -121,14 +121,18 @@ def _blind(growth: Growth) -> None:
         growth.owner.grow(growth.permit, growth.limit_tokens, growth.pool)
 
 
-@contextlib.contextmanager
-def ended_as_refusal(growth: Growth | None) -> Iterator[None]:
+def ended_as_refusal(growth: Growth | None) -> contextlib.AbstractContextManager[None]:
     """Around the forward of a reply that is not streamed but elastic: kvgate may end it (``ElasticPools``) any time
     before its answer comes, by cancelling the forwarding task; that becomes ReplyEnded (503), as nothing has reached
     the client yet, and leaving the block closes the upstream connection, so the server stops the sequence."""
-    if growth is None or growth.streamed:
-        yield
-        return
+    return _NOT_ELASTIC if growth is None or growth.streamed else _ended_as_refusal(growth)
+
+
+_NOT_ELASTIC: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _ended_as_refusal(growth: Growth) -> Iterator[None]:
     task = asyncio.current_task()
     assert task is not None
     growth.interrupt = task.cancel

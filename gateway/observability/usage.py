@@ -136,6 +136,8 @@ class UsageObserver:
         self._tail_bytes = 0
         self._dropped = False
         self._found: dict[_Extract, int | None] = {}
+        self._parsed: tuple[object] | None = None
+        """A body that is not a stream, parsed once for both figures (until the next chunk)."""
         self.streamed_chunks = 0
         """The stream's events so far (NDJSON lines, SSE ``data:`` fields): about one token each, what a stream cut
         before its usage is charged (rate_charge.py)."""
@@ -146,6 +148,7 @@ class UsageObserver:
 
     def feed(self, chunk: bytes) -> None:
         self._found.clear()
+        self._parsed = None
         if self._kind is not None:
             self.streamed_chunks += chunk.count(b"\n") if self._kind == NDJSON else chunk.count(b"data:")
         self._tail.append(chunk)
@@ -169,8 +172,11 @@ class UsageObserver:
 
     def _search(self, extract: _Extract, pattern: re.Pattern[bytes]) -> int | None:
         if self._kind is None:
-            body = b"".join(self._tail)
-            return _figure_by_name(body, pattern) if self._dropped else extract(_loads(body))
+            if self._dropped:
+                return _figure_by_name(b"".join(self._tail), pattern)
+            if self._parsed is None:
+                self._parsed = (_loads(b"".join(self._tail)),)
+            return extract(self._parsed[0])
         # The figure sits in the last lines: look at a growing suffix of the tail, so a long stream costs no more
         # than a short one when it is there (and at worst one pass over the whole tail when it is not).
         want_bytes = FIRST_LOOK_BYTES

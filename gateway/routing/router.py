@@ -158,6 +158,10 @@ class RoutePlan:
             self.router.sticky.remember(self.key, backend.name)
 
 
+_ONLY_STANDING = CandidateView("").standing()
+"""The standing of a backend that is the only one serving a model: what rank() gives a view it knows nothing of."""
+
+
 class Router:
     def __init__(self, admission: AdmissionStep, clock: Callable[[], float] = time.monotonic) -> None:
         self._admission = admission  # what kvgate knows of each backend: its pools, its loads, its queues
@@ -175,7 +179,7 @@ class Router:
                                    + (parsed.output.tokens or default_output_tokens))
         models = {backend.name: _model_key(backend, parsed.model) for backend in backends}
         if len(backends) == 1:
-            only = Ranked(backends[0].name, rank([CandidateView(backends[0].name)])[0].standing, False, "only")
+            only = Ranked(backends[0].name, _ONLY_STANDING, False, "only")  # nothing to compare: no ranking
             return RoutePlan(self, [(backends[0], only)], None, need, config, models, parsed.sequences)
         self.sticky.configure(max_entries=config.sticky_entries, ttl_s=config.sticky_ttl_s)
         key = conversation_key(parsed) if config.sticky else None

@@ -212,10 +212,12 @@ class PromptCounter:
 
     async def _exact(self, prompt: Prompt, chain: CounterChain, size_bytes: int, wait_s: float) -> TokenCount:
         """The exact count, holding the prompt's bytes in the tokenizing budget while it runs."""
-        async with self.tokenizing.held(size_bytes, wait_s) as got:
-            if not got:
-                raise NoTokenizingRoom
+        if not await self.tokenizing.acquire(size_bytes, wait_s):  # (not ``held``: a generator a request)
+            raise NoTokenizingRoom
+        try:
             return await count_prompt(prompt, chain)
+        finally:
+            self.tokenizing.release(size_bytes)
 
     async def _no_room(self, prompt: Prompt, size_bytes: int) -> TokenCount:
         log.info("prompt of %s bytes estimated: counting.max_tokenizing_bytes (%s) is taken by %s bytes being "

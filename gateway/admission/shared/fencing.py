@@ -126,13 +126,17 @@ class _Watches(Protocol):
     def unwatch(self, lease: int) -> None: ...
 
 
-@contextlib.contextmanager
-def fenced(fences: _Watches | None, lease: int | None) -> Iterator[FenceSignal | None]:
+_NOT_FENCED: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+def fenced(fences: _Watches | None, lease: int | None) -> contextlib.AbstractContextManager[FenceSignal | None]:
     """Around forwarding one admitted request: its ``FenceSignal`` (None without a shared ledger), and a fence that
     fired before its reply began raised as the fence's error (503 with Retry-After, in the route's format)."""
-    if fences is None or lease is None:
-        yield None
-        return
+    return _NOT_FENCED if fences is None or lease is None else _fenced(fences, lease)
+
+
+@contextlib.contextmanager
+def _fenced(fences: _Watches, lease: int) -> Iterator[FenceSignal]:
     signal = fences.watch(lease)
     try:
         yield signal
