@@ -69,34 +69,46 @@ def describe(outcome: AdmissionOutcome | None, refusal: str | None, error: str |
     return decision, "; ".join(parts)
 
 
+_Ended = tuple[float, str, str, str, str, AdmissionOutcome | None, str | None, str | None, int]
+"""What ``add`` keeps of a request: wall clock, request id, tenant, backend, model, outcome, refusal, error, status
+(all immutable); its ``DecisionEvent`` is rendered only when the status page asks."""
+
+
 class DecisionLog:
-    """The last :data:`RECENT_DECISIONS` decisions, newest first; memory stays bounded whatever the traffic."""
+    """The last :data:`RECENT_DECISIONS` decisions, newest first; memory stays bounded whatever the traffic. A
+    request's entry is rendered (its reason's words, safe text) when ``snapshot`` reads it, not on the request's
+    path: most entries leave the log unread."""
 
     def __init__(self, keep: int = RECENT_DECISIONS, wall_clock: Callable[[], float] = time.time) -> None:
-        self._recent: deque[DecisionEvent] = deque(maxlen=keep)
+        self._recent: deque[_Ended] = deque(maxlen=keep)
         self._wall_clock = wall_clock
 
-    def add(self, exchange: Exchange) -> DecisionEvent | None:
-        """Keep the decision of a request that ended (none for one admission had nothing to say about)."""
-        outcome, refusal, error = exchange.outcome, exchange.refusal, exchange.error or None
-        request_id, tenant, backend, status = (exchange.facts.request_id, exchange.tenant_label,
-                                               exchange.backend_name, exchange.status)
-        model = "-" if exchange.model is None else exchange.model
-        described = describe(outcome, refusal, error)
-        if described is None:
-            return None
-        decision, reason = described
-        reserved = outcome.reserved if outcome is not None else None
-        if reserved is not None and model == "-":
-            model = reserved.pool.model
-        event = DecisionEvent(
-            round(self._wall_clock(), 3), safe_text(request_id), safe_text(tenant[:MAX_NAME_CHARS]), safe_text(backend),
-            safe_text(model[:MAX_NAME_CHARS]), decision, safe_text(reason[:MAX_REASON_CHARS]), status,
-            reserved.tokens if reserved is not None else None,
-            round(outcome.waited_s, 3) if outcome is not None else 0.0,
-        )
-        self._recent.appendleft(event)
-        return event
+    def add(self, exchange: Exchange) -> bool:
+        """Keep the decision of a request that ended; False for one admission had nothing to say about (no outcome
+        and no refusal: ``describe`` gives None)."""
+        outcome, refusal = exchange.outcome, exchange.refusal
+        if outcome is None and refusal is None:
+            return False
+        self._recent.appendleft((self._wall_clock(), exchange.facts.request_id, exchange.tenant_label,
+                                 exchange.backend_name, "-" if exchange.model is None else exchange.model, outcome,
+                                 refusal, exchange.error or None, exchange.status))
+        return True
 
     def snapshot(self) -> list[dict[str, Any]]:
-        return [asdict(event) for event in self._recent]
+        return [asdict(_event(*ended)) for ended in self._recent]
+
+
+def _event(at_s: float, request_id: str, tenant: str, backend: str, model: str, outcome: AdmissionOutcome | None,
+           refusal: str | None, error: str | None, status: int) -> DecisionEvent:
+    described = describe(outcome, refusal, error)
+    assert described is not None, "add keeps only requests with an outcome or a refusal"
+    decision, reason = described
+    reserved = outcome.reserved if outcome is not None else None
+    if reserved is not None and model == "-":
+        model = reserved.pool.model
+    return DecisionEvent(
+        round(at_s, 3), safe_text(request_id), safe_text(tenant[:MAX_NAME_CHARS]), safe_text(backend),
+        safe_text(model[:MAX_NAME_CHARS]), decision, safe_text(reason[:MAX_REASON_CHARS]), status,
+        reserved.tokens if reserved is not None else None,
+        round(outcome.waited_s, 3) if outcome is not None else 0.0,
+    )

@@ -43,7 +43,7 @@ def test_describe(outcome: AdmissionOutcome | None, refusal: str | None, error: 
 
 def test_the_log_keeps_the_newest_within_its_bound_with_safe_text() -> None:
     log = DecisionLog(keep=3, wall_clock=lambda: 1700000000.0)
-    assert log.add(ended(request_id="r0")) is None
+    assert log.add(ended(request_id="r0")) is False  # no outcome, no refusal: nothing kept
     for i in range(5):
         log.add(ended(request_id=f"r{i}", tenant="ci\udcff", backend="cpp",
                       outcome=AdmissionOutcome(COUNT, reserved=HELD)))
