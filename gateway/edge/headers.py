@@ -53,12 +53,13 @@ def upstream_request_headers(
     key for kvgate itself (``strip_client_keys``) never travels on to the backend. A body kvgate read and decoded
     (``body_decoded``) goes on without its Content-Encoding; one streamed through keeps it, with its bytes."""
     host, request_id, api_key = hop.host, hop.request_id, hop.api_key
-    drop = HOP_BY_HOP | connection_listed(incoming) | {"host", "content-length", REQUEST_ID.lower()} | KVGATE_ONLY
-    if body_decoded:
-        drop |= {"content-encoding"}
-    if strip_client_keys:
-        drop |= {"authorization", "x-api-key"}
-    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in incoming.items() if k.lower() not in drop)
+    drop = _DROPPED_UPSTREAM[body_decoded, strip_client_keys]
+    if "Connection" in incoming:
+        drop = drop | connection_listed(incoming)
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in incoming.items():
+        if name.lower() not in drop:
+            out.add(name, value)
     out["Host"] = host
     out[REQUEST_ID] = request_id
     if api_key is not None:
@@ -67,6 +68,16 @@ def upstream_request_headers(
         prior = incoming.get("X-Forwarded-For")
         out["X-Forwarded-For"] = f"{prior}, {client_ip}" if prior else client_ip
     return out
+
+
+_DROPPED_UPSTREAM = {
+    (decoded, stripped): frozenset(HOP_BY_HOP | {"host", "content-length", REQUEST_ID.lower()} | KVGATE_ONLY
+                                   | ({"content-encoding"} if decoded else set())
+                                   | ({"authorization", "x-api-key"} if stripped else set()))
+    for decoded in (False, True) for stripped in (False, True)
+}
+"""The headers that never go upstream, by (body decoded, client keys stripped); a Connection header adds those it
+names."""
 
 
 DEADLINE_HEADER = "X-Kvgate-Deadline"

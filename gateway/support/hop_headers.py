@@ -41,9 +41,15 @@ def downstream_response_headers(upstream: CIMultiDictProxy[str], *, request_id: 
     """End-to-end headers of the backend's response, plus the request id. ``X-Kvgate-*`` headers are this kvgate's
     own account of the request: a backend's (another kvgate behind this one, or a server that forges them) never
     reach the client, where they would pass for this gateway's decisions."""
-    drop = HOP_BY_HOP | connection_listed(upstream) | {REQUEST_ID.lower()}
-    out: CIMultiDict[str] = CIMultiDict(
-        (k, v) for k, v in upstream.items() if k.lower() not in drop and not k.lower().startswith(KVGATE_PREFIX)
-    )
+    listed = connection_listed(upstream) if "Connection" in upstream else frozenset()
+    drop = _DROPPED_DOWNSTREAM | listed if listed else _DROPPED_DOWNSTREAM
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream.items():
+        lower = name.lower()
+        if lower not in drop and not lower.startswith(KVGATE_PREFIX):
+            out.add(name, value)
     out[REQUEST_ID] = request_id
     return out
+
+
+_DROPPED_DOWNSTREAM = HOP_BY_HOP | {REQUEST_ID.lower()}
