@@ -33,6 +33,7 @@ No I/O, no clock, no logging.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from gateway.memory.estimate_table import format_bytes
@@ -42,6 +43,8 @@ from gateway.memory.sources.ollama_answers import LoadedModel
 
 MAX_SLOTS = 32
 """The most sequences an inference names (OLLAMA_NUM_PARALLEL beyond that is set, not inferred)."""
+SPANS_CACHED = 256
+"""(model, context, cache types) inferences kept: far more than the models a server holds loaded at once."""
 COMPUTE_SLACK = 1.15
 WEIGHTS_SLACK_SHARE = 0.005
 WEIGHTS_SLACK_BYTES = 8 << 20
@@ -126,14 +129,18 @@ def _weights_span(profile: ModelProfile, on_gpu_only: bool) -> tuple[int, int]:
     return max(0, low - slack), high + slack + projector
 
 
+@functools.lru_cache(maxsize=SPANS_CACHED)
 def _spans(profile: ModelProfile, num_ctx: int, on_gpu_only: bool, type_k: CacheType,
-           type_v: CacheType) -> list[_Span]:
+           type_v: CacheType) -> tuple[_Span, ...]:
+    """The size /api/ps may show for each count of sequences. Kept for the same arguments: every pool probe
+    (``admission.pool_refresh_s``, inside a request's wait) asks again for the model it asked for before, and the
+    ``MAX_SLOTS`` layouts cost milliseconds."""
     low_w, high_w = _weights_span(profile, on_gpu_only)
     spans = []
     for slots in range(1, MAX_SLOTS + 1):
         kv = ollama_kv_cache_bytes(profile.shape, num_ctx=num_ctx, num_parallel=slots, type_k=type_k, type_v=type_v)
         spans.append(_Span(slots, low_w + kv, high_w + kv + compute_high_bytes(profile, num_ctx, slots), kv))
-    return spans
+    return tuple(spans)
 
 
 def _version_allocates(version: str | None) -> bool:

@@ -155,3 +155,20 @@ def test_sizes_to_slots(name: str, prof: ModelProfile, entry: LoadedModel, versi
     assert inferred.slots == slots
     assert reason in inferred.reason
     assert inferred.inferred is not inferred.reason.startswith("assumed")
+
+
+def test_a_pool_probe_that_asks_again_reuses_the_layouts_it_computed() -> None:
+    """Every pool probe (admission.pool_refresh_s, inside the wait of the request that finds the layout old) infers
+    the slots of the same loaded model again: the 32 candidate layouts are computed once, the answer is the same."""
+    from gateway.memory import ollama_slots
+
+    ollama_slots._spans.cache_clear()
+    prof, entry = profile(LLAMA), _entry(_sized(2))
+    first = infer_ollama_slots(prof, entry)
+    again = infer_ollama_slots(replace(prof), replace(entry))  # equal, not the same objects: a new probe's reading
+    info = ollama_slots._spans.cache_info()
+    print(f"{first.slots} slots twice; layouts computed {info.misses} time(s), reused {info.hits}")
+    assert (again, first.slots) == (first, 2)
+    assert (info.misses, info.hits) == (1, 1)
+    other = infer_ollama_slots(prof, _entry(_sized(2, ctx=16384), ctx=16384))  # another context: its own layouts
+    assert (other.slots, ollama_slots._spans.cache_info().misses) == (2, 2)
