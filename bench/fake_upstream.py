@@ -78,12 +78,18 @@ async def ps(request: web.Request) -> web.Response:
     }]})
 
 
+async def version(request: web.Request) -> web.Response:
+    """Ollama's /api/version (kvgate asks it once; a server without it is asked again at every pool probe)."""
+    return web.json_response({"version": "0.30.0"})
+
+
 def main() -> None:
     app = web.Application()
     app.router.add_post("/api/chat", chat)
     app.router.add_get("/api/tags", tags)
     app.router.add_get("/api/ps", ps)
     app.router.add_post("/api/show", show)
+    app.router.add_get("/api/version", version)
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None, loop=uvloop.new_event_loop())
 
 
