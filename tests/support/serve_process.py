@@ -11,6 +11,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.child_env import child_env
+
 LINE_WAIT_S = 20.0
 EXIT_WAIT_S = 10.0
 
@@ -39,11 +41,11 @@ class ServeProcess:
 
 @asynccontextmanager
 async def serve_process(*args: str, env: dict[str, str] | None = None) -> AsyncIterator[ServeProcess]:
-    """``kvgate serve --port 0 ARGS`` just started (``env`` beside a bare PATH), its log piped; killed on the way out
-    if it still runs."""
+    """``kvgate serve --port 0 ARGS`` just started (``env`` beside a bare PATH and the run's tokenizer cache, which
+    ``env`` may replace: tests/support/child_env.py), its log piped; killed on the way out if it still runs."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway", "serve", "--port", "0", *args,
-        stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin", **(env or {})},
+        stderr=asyncio.subprocess.PIPE, env=child_env(env),
     )
     assert process.stderr is not None
     try:
