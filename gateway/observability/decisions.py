@@ -89,9 +89,12 @@ class DecisionLog:
         outcome, refusal = exchange.outcome, exchange.refusal
         if outcome is None and refusal is None:
             return False
-        self._recent.appendleft((self._wall_clock(), exchange.facts.request_id, exchange.tenant_label,
-                                 exchange.backend_name, "-" if exchange.model is None else exchange.model, outcome,
-                                 refusal, exchange.error or None, exchange.status))
+        model, error = "-" if exchange.model is None else exchange.model, exchange.error or None
+        # cut now, not when rendered: a model name can be the client's own string, of any length, and the log
+        # keeps 200 of them (the cuts are the ones _event makes, so the entry reads the same)
+        self._recent.appendleft((self._wall_clock(), exchange.facts.request_id, exchange.tenant_label[:MAX_NAME_CHARS],
+                                 exchange.backend_name, model[:MAX_NAME_CHARS], outcome, refusal,
+                                 None if error is None else error[:MAX_REASON_CHARS], exchange.status))
         return True
 
     def snapshot(self) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ import pytest
 
 from gateway.admission.outcome import AdmissionOutcome, Reserved, SummaryNote, Trim
 from gateway.admission.types import PoolKey
-from gateway.observability.decisions import MAX_REASON_CHARS, DecisionLog, describe
+from gateway.observability.decisions import MAX_NAME_CHARS, MAX_REASON_CHARS, DecisionLog, describe
 from gateway.tokens import TokenCount
 from tests.support.exchanges import ended
 
@@ -55,3 +55,15 @@ def test_the_log_keeps_the_newest_within_its_bound_with_safe_text() -> None:
     assert recent[1] == {"at_s": 1700000000.0, "request_id": "r4", "tenant": "ci\ufffd", "backend": "cpp",
                          "model": "llama3.1:8b", "decision": "admitted", "reason": "1,200 prompt tokens (llama-server)",
                          "status": 200, "reserved_tokens": 2200, "waited_s": 0.0}
+
+
+def test_an_entry_holds_no_more_of_a_clients_strings_than_the_page_shows() -> None:
+    """A model name is the client's own string, of any length: the log keeps 200 entries, each cut as it is added."""
+    log = DecisionLog(keep=2, wall_clock=lambda: 1700000000.0)
+    log.add(ended(request_id="r1", backend="cpp", model="m" * 1_000_000, refusal="queue_full", error="e" * 1_000_000))
+    kept = max(len(value) for value in log._recent[0] if isinstance(value, str))
+    (shown,) = log.snapshot()
+    print(f"longest string kept: {kept:,} characters; shown: model {len(shown['model'])}, "
+          f"reason {len(shown['reason'])}")
+    assert kept <= MAX_REASON_CHARS
+    assert (len(shown["model"]), len(shown["reason"])) == (MAX_NAME_CHARS, MAX_REASON_CHARS)
