@@ -23,7 +23,9 @@ def name_candidates(model: str) -> tuple[str, ...]:
 
 def find_model(model: str, names: Collection[str]) -> str | None:
     """The name in ``names`` that means ``model`` (itself if listed, else its ``:latest`` twin), None if none does."""
-    return next((name for name in name_candidates(model) if name in names), None)
+    if model in names:
+        return model
+    return next((name for name in name_candidates(model)[1:] if name in names), None)
 
 
 def same_model(a: str, b: str) -> bool:

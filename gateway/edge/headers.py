@@ -4,7 +4,7 @@ share (hop-by-hop headers, the stream media types) are gateway/support/hop_heade
 
 from __future__ import annotations
 
-import uuid
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -120,7 +120,7 @@ def request_id_for(headers: Mapping[str, str]) -> str:
     given = headers.get(REQUEST_ID, "")
     if 0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isprintable() and given.isascii():
         return given
-    return uuid.uuid4().hex
+    return secrets.token_hex(16)  # as random as uuid4's 122 bits, without building a UUID
 
 
 def error_headers(error: GatewayError, request_id: str | None = None) -> dict[str, str]:

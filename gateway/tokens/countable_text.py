@@ -68,7 +68,7 @@ def _part_text(part: Any) -> str | None:
 
 def count_content_images(content: Any) -> int:
     """Images in an OpenAI/Anthropic list of parts (Ollama lists them under the message's `images`)."""
-    if not isinstance(content, Sequence) or isinstance(content, str | bytes | bytearray):
+    if isinstance(content, str) or not isinstance(content, list | tuple):  # JSON gives a list; a str is the usual
         return 0
     return sum(
         1 for part in content if isinstance(part, Mapping) and part.get("type") in ("image_url", "image", "input_image")
