@@ -6,7 +6,8 @@ Run: python -m bench.fake_upstream PORT
 
 from __future__ import annotations
 
-import sys
+import argparse
+import asyncio
 from pathlib import Path
 
 import orjson
@@ -70,8 +71,14 @@ async def show(request: web.Request) -> web.Response:
     return web.Response(body=SHOW, content_type="application/json")
 
 
+PS_DELAY_S = 0.0
+"""How long /api/ps takes to answer (``--ps-delay-ms``; a busy or distant Ollama answers it in milliseconds)."""
+
+
 async def ps(request: web.Request) -> web.Response:
     """The bench model is loaded with an 8K context, as Ollama's /api/ps shows it: kvgate plans against it."""
+    if PS_DELAY_S:
+        await asyncio.sleep(PS_DELAY_S)
     return web.json_response({"models": [{
         "name": "bench:latest", "model": "bench:latest", "size": 1, "size_vram": 1, "digest": "0",
         "details": {}, "expires_at": "2099-01-01T00:00:00Z", "context_length": 8192,
@@ -84,13 +91,19 @@ async def version(request: web.Request) -> web.Response:
 
 
 def main() -> None:
+    global PS_DELAY_S
+    parser = argparse.ArgumentParser(description="An instant Ollama-shaped upstream for the benchmarks.")
+    parser.add_argument("port", type=int)
+    parser.add_argument("--ps-delay-ms", type=float, default=0.0, help="how long /api/ps takes to answer")
+    args = parser.parse_args()
+    PS_DELAY_S = args.ps_delay_ms / 1000
     app = web.Application()
     app.router.add_post("/api/chat", chat)
     app.router.add_get("/api/tags", tags)
     app.router.add_get("/api/ps", ps)
     app.router.add_post("/api/show", show)
     app.router.add_get("/api/version", version)
-    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None, loop=uvloop.new_event_loop())
+    web.run_app(app, host="127.0.0.1", port=args.port, print=None, access_log=None, loop=uvloop.new_event_loop())
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 
 from gateway.admission import PoolSpec
-from gateway.admission.kv_pools import PoolDirectory
+from gateway.admission.kv_pools import REFRESH_AHEAD_AT, PoolDirectory
 from gateway.backends import Backend
 from gateway.backends.client import BackendClient
 from gateway.backends.prober import ProbeError
@@ -121,12 +121,101 @@ async def test_a_cancelled_request_does_not_cancel_the_shared_probe() -> None:
 async def test_a_cached_layout_is_reused_until_the_refresh_period() -> None:
     pools, backend, probes, clock = setup()
     first = await pools.pool_for(backend, None)
-    clock.advance(REFRESH_S - 1)
-    assert await pools.pool_for(backend, None) is first and probes.calls["props"] == 1
-    clock.advance(1)
-    probes.n_ctx_slot = 8192
-    refreshed = await pools.pool_for(backend, None)
-    assert probes.calls["props"] == 2 and refreshed is not None and refreshed.slot_ctx_tokens == 8192
+    clock.advance(REFRESH_S * REFRESH_AHEAD_AT - 1)
+    assert await pools.pool_for(backend, None) is first
+    await asyncio.sleep(0)
+    assert probes.calls["props"] == 1  # before the read-ahead share of the period: not even a read beside
+    clock.advance(REFRESH_S)  # no request in the read-ahead window: the next one waits for the probe, as always
+    probes.n_ctx_slot, probes.gate = 8192, asyncio.Event()
+    waiting = asyncio.ensure_future(pools.pool_for(backend, None))
+    await _ticks()
+    assert not waiting.done() and probes.calls["props"] == 2
+    probes.gate.set()
+    refreshed = await waiting
+    assert refreshed is not None and refreshed.slot_ctx_tokens == 8192
+
+
+async def _ticks(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_a_layout_is_read_again_ahead_so_steady_traffic_never_waits_for_a_refresh() -> None:
+    pools, backend, probes, clock = setup()
+    first = await pools.pool_for(backend, None)
+    clock.advance(REFRESH_S * REFRESH_AHEAD_AT)
+    probes.n_ctx_slot, probes.gate = 8192, asyncio.Event()  # the re-read is held: the requests must not be
+    served = [await asyncio.wait_for(pools.pool_for(backend, None), 1.0) for _ in range(3)]
+    await _ticks()
+    assert served == [first] * 3 and probes.calls["props"] == 1 + 1  # one read beside them, not three
+    probes.gate.set()
+    await _ticks()
+    clock.advance(REFRESH_S * (1 - REFRESH_AHEAD_AT) + 1)  # past the first read's period, within the re-read's
+    after = await pools.pool_for(backend, None)
+    assert after is not None and after.slot_ctx_tokens == 8192 and probes.calls["props"] == 2
+    assert clock.sleeps == []
+
+
+async def test_a_request_past_the_period_joins_the_read_ahead_that_runs() -> None:
+    pools, backend, probes, clock = setup()
+    await pools.pool_for(backend, None)
+    clock.advance(REFRESH_S * REFRESH_AHEAD_AT)
+    probes.n_ctx_slot, probes.gate = 8192, asyncio.Event()
+    await pools.pool_for(backend, None)  # starts the read-ahead
+    clock.advance(REFRESH_S)  # the read-ahead is slow: the next request finds the layout past its period
+    waiting = asyncio.ensure_future(pools.pool_for(backend, None))
+    await _ticks()
+    assert not waiting.done() and probes.calls["props"] == 2  # it waits for that read, and starts none
+    probes.gate.set()
+    joined = await waiting
+    assert joined is not None and joined.slot_ctx_tokens == 8192 and probes.calls["props"] == 2
+
+
+async def test_a_read_ahead_loads_nothing_and_fails_quietly_then_the_next_request_probes_as_before() -> None:
+    pools, backend, probes, clock = setup("ollama")
+    first = await pools.pool_for(backend, MODEL)
+    for unreadable in ("unloaded", "refused"):
+        clock.advance(REFRESH_S * REFRESH_AHEAD_AT)
+        if unreadable == "unloaded":
+            probes.contexts.pop(MODEL)  # Ollama unloaded it (keep_alive): a read-ahead must not load it
+        else:
+            probes.failures = 1
+        loads = probes.calls["generate"]
+        assert await pools.pool_for(backend, MODEL) is first
+        await _ticks()
+        assert probes.calls["generate"] == loads and clock.sleeps == []  # nothing loaded, no retries
+        clock.advance(REFRESH_S * (1 - REFRESH_AHEAD_AT))  # past the period: this request probes (and loads)
+        again = await pools.pool_for(backend, MODEL)
+        assert again is not None
+        print(f"{unreadable}: the read-ahead left {first.slot_ctx_tokens:,}; the next request read "
+              f"{again.slot_ctx_tokens:,} (loads: {probes.calls['generate']})")
+        first = again
+    assert probes.calls["generate"] == 1 and first.slot_ctx_tokens == probes.load_context
+
+
+async def test_a_read_ahead_answer_older_than_a_stale_mark_is_dropped() -> None:
+    pools, backend, probes, clock = setup("ollama")
+    await pools.pool_for(backend, MODEL)
+    clock.advance(REFRESH_S * REFRESH_AHEAD_AT)
+    probes.gate = asyncio.Event()
+    await pools.pool_for(backend, MODEL)  # the read-ahead starts and reads the old context
+    await _ticks()
+    pools.mark_stale(backend, MODEL)  # a response reloaded the model meanwhile
+    probes.contexts[MODEL] = 16384
+    probes.gate.set()
+    reread = await pools.pool_for(backend, MODEL)
+    assert reread is not None and reread.slot_ctx_tokens == 16384 and probes.calls["ps"] == 3
+
+
+async def test_closing_ends_a_read_ahead_that_runs() -> None:
+    pools, backend, probes, clock = setup()
+    await pools.pool_for(backend, None)
+    clock.advance(REFRESH_S * REFRESH_AHEAD_AT)
+    probes.gate = asyncio.Event()
+    await pools.pool_for(backend, None)
+    await _ticks()
+    assert probes.calls["props"] == 2
+    await asyncio.wait_for(pools.aclose(), 1.0)
 
 
 async def test_probes_are_retried_then_refused_after_probe_wait_s() -> None:
