@@ -41,6 +41,7 @@ class Backend:
     listed_at_s: float | None = None
     last_error: str | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    _described: tuple[BackendSettings, str] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -74,7 +75,11 @@ class Backend:
         return find_model(model, self.models)
 
     def describe(self) -> str:
-        return f"backend '{self.name}' at {self.settings.shown_url}"
+        """``backend 'name' at url`` (password masked), built once per settings: every relay names it."""
+        settings, described = self.settings, self._described
+        if described is None or described[0] is not settings:
+            described = self._described = (settings, f"backend '{settings.name}' at {settings.shown_url}")
+        return described[1]
 
 
 class BackendRegistry:

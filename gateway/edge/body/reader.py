@@ -17,6 +17,13 @@ async def read_body(request: web.Request, lease: BodyLease, *, max_bytes: int) -
     declared = request.content_length
     if declared is not None and declared > limit:
         raise PayloadTooLarge(f"request body is {declared:,} bytes; the limit (server.max_body_bytes) is {limit:,}")
+    if coding is None and request.content.is_eof():  # the whole body came with the headers: no reads to await
+        body = request.content.read_nowait()
+        if len(body) > limit:
+            raise PayloadTooLarge(f"request body is over {limit:,} bytes, the limit (server.max_body_bytes); send less")
+        if len(body) > lease.held_bytes:
+            await lease.take(len(body) - lease.held_bytes)
+        return body
     decoder = BodyDecoder(coding, max_bytes=limit) if coding is not None else None
     # bytes are held as they arrive, not as declared: a client that declares 32 MiB and sends one byte holds one
     chunks: list[bytes] = []

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 
@@ -209,3 +210,54 @@ async def test_a_body_larger_than_the_whole_budget_is_too_large() -> None:
         status, answer = await post(session, url, TEXT, {})
     assert (status, answer["code"]) == (413, "payload_too_large")
     assert "all kvgate holds for all requests together (server.max_held_body_bytes)" in answer["message"]
+
+
+# --- a body that came whole with its headers (read without awaiting) or in pieces ------------------------------------
+
+
+async def _raw(url: str, pieces: list[bytes]) -> tuple[int, bytes]:
+    """Send ``pieces`` on one connection, each in a write of its own, 50 ms apart; the status and the body."""
+    host, port = url.removeprefix("http://").split("/")[0].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        for index, piece in enumerate(pieces):
+            if index:
+                await asyncio.sleep(0.05)
+            writer.write(piece)
+            await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), timeout=5)
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def _head(extra: str) -> bytes:
+    return f"POST /read HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\r\n".encode()
+
+
+OVER = b"x" * (MAX_BODY_BYTES + 1)
+CHUNKED = "Transfer-Encoding: chunked\r\n"
+WHOLE_OR_IN_PIECES = [
+    ("Content-Length, in the headers' write", [_head(f"Content-Length: {len(TEXT)}\r\n") + TEXT], 200),
+    ("Content-Length, in three writes", [_head(f"Content-Length: {len(TEXT)}\r\n"), TEXT[:10], TEXT[10:]], 200),
+    ("chunked, in the headers' write", [_head(CHUNKED) + b"%x\r\n%s\r\n0\r\n\r\n" % (len(TEXT), TEXT)], 200),
+    ("chunked over the limit, in the headers' write",
+     [_head(CHUNKED) + b"%x\r\n%s\r\n0\r\n\r\n" % (len(OVER), OVER)], 413),
+    ("chunked over the limit, in two writes", [_head(CHUNKED) + b"%x\r\n" % len(OVER), OVER + b"\r\n0\r\n\r\n"], 413),
+]
+
+
+@pytest.mark.parametrize(("pieces", "status"), [(p, s) for _, p, s in WHOLE_OR_IN_PIECES],
+                         ids=[name for name, _, _ in WHOLE_OR_IN_PIECES])
+async def test_a_body_reads_the_same_whether_it_came_with_its_headers_or_in_pieces(pieces: list[bytes],
+                                                                                   status: int) -> None:
+    async with reading() as (reader, _, url):
+        answered, body = await _raw(url, pieces)
+        print(f"{len(pieces)} writes: {answered} {body[:100]!r}; held {reader.held_bytes}")
+        assert answered == status
+        if status == 200:
+            assert orjson.loads(body) == {"bytes": len(TEXT), "same": True} and reader.held_bytes == [len(TEXT)]
+        else:
+            assert b"the limit (server.max_body_bytes)" in body and reader.held_bytes[0] <= MAX_BODY_BYTES
+        await until(lambda: reader.budget.held_bytes == 0)
