@@ -117,6 +117,26 @@ def test_metrics_are_recorded_from_the_outcome() -> None:
     assert value("kvgate_requests_total", {"route": "/api/tags", "backend": "-", "status": "200"}) == 1
 
 
+def test_counts_added_between_reads_reach_every_reader_once() -> None:
+    """Requests add to a plain dict (Metrics.count); a scrape and get_sample_value both see every count, once."""
+    metrics = Metrics()
+    value = metrics.registry.get_sample_value
+    labels = {"route": "/api/chat", "backend": "b", "status": "200"}
+    seen = []
+    for batch in (3, 0, 2):
+        for _ in range(batch):
+            record(metrics, ended("/api/chat", 200, backend="b", outcome=WAITED), 0.1)
+        seen.append(value("kvgate_requests_total", labels))
+    scraped = metrics.exposition().decode()
+    record(metrics, ended("/api/chat", 200, backend="b", outcome=WAITED), 0.1)
+    print(f"after 3, 0, 2 requests: {seen}; the scrape then: {scraped.count('kvgate_requests_total{')} series")
+    assert seen == [3, 3, 5]
+    assert 'kvgate_requests_total{backend="b",route="/api/chat",status="200"} 5.0' in scraped
+    assert value("kvgate_requests_total", labels) == 6
+    with pytest.raises(ValueError, match="can't go down"):
+        metrics.count(metrics.tenant_output_tokens, "t", amount=-1)
+
+
 @asynccontextmanager
 async def _gateway(backend: dict[str, object]) -> AsyncIterator[tuple[str, Metrics]]:
     app = create_app(load_settings(None, backends=[backend]), refresh_models=False)
