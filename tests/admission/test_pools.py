@@ -186,11 +186,11 @@ async def test_a_read_ahead_loads_nothing_and_fails_quietly_then_the_next_reques
         assert probes.calls["generate"] == loads and clock.sleeps == []  # nothing loaded, no retries
         clock.advance(REFRESH_S * (1 - REFRESH_AHEAD_AT))  # past the period: this request probes (and loads)
         again = await pools.pool_for(backend, MODEL)
-        assert again is not None
+        assert first is not None and again is not None
         print(f"{unreadable}: the read-ahead left {first.slot_ctx_tokens:,}; the next request read "
               f"{again.slot_ctx_tokens:,} (loads: {probes.calls['generate']})")
         first = again
-    assert probes.calls["generate"] == 1 and first.slot_ctx_tokens == probes.load_context
+    assert probes.calls["generate"] == 1 and first is not None and first.slot_ctx_tokens == probes.load_context
 
 
 async def test_a_read_ahead_answer_older_than_a_stale_mark_is_dropped() -> None:
