@@ -51,6 +51,7 @@ from gateway.notice import Notice, NoticeStream
 from gateway.observability.reply_checks import TruncationCheck, truncation_header
 from gateway.observability.usage import UsageObserver
 from gateway.support.hop_headers import NDJSON
+from gateway.support.stream_drain import read_any, take_buffered
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +316,7 @@ async def pump(
             chunk = b""
             error: GatewayError | None = None
             try:
-                chunk = await content.readany()
+                chunk = await read_any(content)
                 due_s = last_write_s + coalesce_s
                 if chunk and loop.time() < due_s and not content.is_eof():
                     # It came fast: wait out the interval (the body's end or failure cuts the wait short), then
@@ -323,7 +324,7 @@ async def pump(
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout_at(due_s):
                             await content.wait_eof()
-                    chunk += content.read_nowait()
+                    chunk += take_buffered(content)
             except aiohttp.ClientError as exc:
                 error = broken_off(exc, backend_label, "stream")
                 if not chunk:
